@@ -1,0 +1,89 @@
+"""lifeguard: every experiment-tracking run ends with the truth.
+
+Call :func:`install` at the top of the program. When the process ends, however it ends, every
+registered finalizer runs once with an :class:`Outcome`, and the MLflow runs this process started
+are ended FINISHED, FAILED or KILLED with their true end time.
+
+This module is deliberately tiny: the implementation is imported on first use, so that
+``import lifeguard`` stays cheap and never pulls in mlflow, psutil or torch.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from lifeguard.finalizers import Handle, Report
+    from lifeguard.outcome import Outcome, OutcomeKind, Status
+
+__all__ = [
+    "install",
+    "uninstall",
+    "register",
+    "finish",
+    "is_installed",
+    "Outcome",
+    "OutcomeKind",
+    "Status",
+    "__version__",
+]
+
+
+def install(**options: object) -> None:
+    """Hook the process so that every finalizer runs once, with the truth, however it ends.
+
+    Idempotent. Options (each also settable by an environment variable, see the README):
+    ``signals`` (default SIGINT, SIGTERM, SIGHUP), ``deadline`` (seconds for all finalizers,
+    default 10), ``mlflow`` (end MLflow runs, default True), ``end_attached`` (also end runs
+    attached through MLFLOW_RUN_ID, default False).
+
+    Raises TypeError/ValueError naming a bad option, and RuntimeError when called outside the
+    main thread with signals to hook (pass ``signals=()`` there).
+    """
+    from lifeguard import api
+
+    api.install(**options)
+
+
+def uninstall() -> None:
+    """Restore every hook that :func:`install` changed."""
+    from lifeguard import api
+
+    api.uninstall()
+
+
+def register(finalizer: Callable[[Outcome], object], *, name: str | None = None) -> Handle:
+    """Register ``finalizer(outcome)`` to run at most once when the process ends.
+
+    Finalizers run newest first (like atexit). Returns a handle with ``.unregister()``.
+    """
+    from lifeguard import api
+
+    return api.register(finalizer, name=name)
+
+
+def finish(exit_code: int = 0, *, outcome: Outcome | None = None) -> list[Report]:
+    """Run every finalizer now, e.g. on rank 0 when training is done. The exit hooks then have
+    nothing left to do. Returns one report per finalizer."""
+    from lifeguard import api
+
+    return api.finish(exit_code, outcome=outcome)
+
+
+def is_installed() -> bool:
+    """Whether :func:`install` is in effect in this process."""
+    from lifeguard import api
+
+    return api.is_installed()
+
+
+def __getattr__(name: str) -> object:
+    # PEP 562: the data types are loaded on first access, not at import.
+    if name in ("Outcome", "OutcomeKind", "Status"):
+        from lifeguard import outcome
+
+        return getattr(outcome, name)
+    raise AttributeError(f"module 'lifeguard' has no attribute {name!r}")

@@ -1,0 +1,122 @@
+"""The implementation behind lifeguard's public functions (``lifeguard/__init__.py`` re-exports
+them lazily so that ``import lifeguard`` costs next to nothing)."""
+
+from __future__ import annotations
+
+import threading
+
+from lifeguard.finalizers import Handle, Registry
+from lifeguard.lifecycle import Lifecycle, Phase
+from lifeguard.options import Options
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from lifeguard.finalizers import Report
+    from lifeguard.outcome import Outcome
+
+__all__ = ["install", "uninstall", "register", "finish", "current", "is_installed"]
+
+_lock = threading.RLock()
+_registry = Registry()
+_current: Lifecycle | None = None
+_mlflow_handle: Handle | None = None
+_fork_hook_registered = False
+
+
+def current() -> Lifecycle | None:
+    """The lifecycle installed in *this* process, if any (never a forked parent's)."""
+    lifecycle = _current
+    if lifecycle is None or not lifecycle.owns_process():
+        return None
+    return lifecycle
+
+
+def is_installed() -> bool:
+    lifecycle = current()
+    return lifecycle is not None and lifecycle.phase in (Phase.INSTALLED, Phase.FINALIZING)
+
+
+def install(**options: object) -> None:
+    global _current, _mlflow_handle
+    parsed = Options.from_kwargs(options)
+    with _lock:
+        existing = current()
+        if existing is not None and existing.phase != Phase.UNINSTALLED:
+            if existing.options != parsed:
+                from lifeguard._log import logger
+
+                logger().warning(
+                    "lifeguard.install() was already called with %r; keeping that and "
+                    "ignoring %r (call lifeguard.uninstall() first to change options)",
+                    existing.options,
+                    parsed,
+                )
+            return
+        _ensure_fork_hook()
+        lifecycle = Lifecycle(parsed, _registry)
+        lifecycle.hooks.install(parsed.signals)  # raises before any state changes
+        _current = lifecycle
+        if parsed.mlflow and _mlflow_handle is None:
+            from lifeguard.backends.mlflow import MlflowFinalizer
+
+            _mlflow_handle = _registry.add(
+                MlflowFinalizer(end_attached=parsed.end_attached), name="mlflow"
+            )
+
+
+def uninstall() -> None:
+    """Restore every hook install() changed. Registered finalizers stay registered."""
+    global _mlflow_handle
+    with _lock:
+        lifecycle = current()
+        if lifecycle is None:
+            return
+        lifecycle.uninstall()
+        if _mlflow_handle is not None:
+            _mlflow_handle.unregister()
+            _mlflow_handle = None
+
+
+def register(finalizer: Callable[[Outcome], object], *, name: str | None = None) -> Handle:
+    return _registry.add(finalizer, name)
+
+
+def finish(exit_code: int = 0, *, outcome: Outcome | None = None) -> list[Report]:
+    """Run every finalizer now (the exit hooks then have nothing left to do)."""
+    from lifeguard.outcome import Outcome
+
+    if outcome is None:
+        if isinstance(exit_code, bool) or not isinstance(exit_code, int):
+            raise TypeError(f"exit_code must be an int, not {type(exit_code).__name__}")
+        outcome = Outcome.exited(exit_code)
+    elif not isinstance(outcome, Outcome):
+        raise TypeError(f"outcome must be a lifeguard.Outcome, not {type(outcome).__name__}")
+    lifecycle = current()
+    if lifecycle is not None and lifecycle.phase == Phase.INSTALLED:
+        return lifecycle.finalize(outcome)
+    from lifeguard.options import DEFAULT_DEADLINE
+
+    deadline = lifecycle.options.deadline if lifecycle is not None else DEFAULT_DEADLINE
+    return _registry.run_all(outcome, deadline)
+
+
+def _ensure_fork_hook() -> None:
+    global _fork_hook_registered
+    if not _fork_hook_registered:
+        import os
+
+        os.register_at_fork(after_in_child=_after_fork_in_child)
+        _fork_hook_registered = True
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (DataLoader worker, multiprocessing) inherits our hooks and registry but
+    owns none of the parent's finalizers. Replace, never lock: another parent thread may have
+    held the locks at the moment of fork."""
+    global _registry, _current, _mlflow_handle, _lock
+    _lock = threading.RLock()
+    _registry = Registry()
+    _current = None
+    _mlflow_handle = None

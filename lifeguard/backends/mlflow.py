@@ -1,0 +1,104 @@
+"""The MLflow finalizer: end the runs this process started with the true status and end time.
+
+MLflow's own ``atexit`` hook (``_safe_end_run``) ends only the current thread's innermost run,
+and always as FINISHED. This finalizer runs before it (see ``hooks.move_atexit_to_front`` and the
+run context provider) and ends every run this process started, in every thread, nested children
+before their parents, then takes them off MLflow's active-run stacks so that MLflow's hook finds
+nothing left to overwrite.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from lifeguard._log import logger
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from lifeguard.outcome import Outcome
+    from lifeguard.owner import Owner
+
+__all__ = ["MlflowFinalizer", "TAG_ENDED_BY", "RUNNING"]
+
+TAG_ENDED_BY = "lifeguard.ended_by"
+RUNNING = "RUNNING"
+
+
+class MlflowFinalizer:
+    def __init__(self, *, end_attached: bool = False) -> None:
+        self.end_attached = end_attached
+
+    def __call__(self, outcome: Outcome) -> None:
+        # "On whenever mlflow gets imported by the program": if it never was, no run can be
+        # open in the fluent API, and importing mlflow now would only cost seconds at exit.
+        fluent = sys.modules.get("mlflow.tracking.fluent")
+        if fluent is None:
+            return
+        end_active_runs(fluent, outcome, end_attached=self.end_attached, ended_by="process")
+
+
+def end_active_runs(
+    fluent: object, outcome: Outcome, *, end_attached: bool, ended_by: str
+) -> list[str]:
+    """End the active runs of every thread that this process owns. Returns their ids."""
+    from mlflow.entities import RunTag
+    from mlflow.tracking import MlflowClient
+
+    from lifeguard.owner import Owner
+
+    log = logger()
+    try:
+        # Metrics queued by log_metric(..., synchronous=False) must land before the run ends.
+        fluent.flush_async_logging()  # type: ignore[attr-defined]
+    except Exception as exc:  # noqa: BLE001 - a failed flush must not stop the status write
+        log.warning("lifeguard: flushing MLflow async logging failed: %s", exc)
+
+    stacks: dict[int, list[object]] = fluent._active_run_stack.get_all_thread_values()  # type: ignore[attr-defined]
+    me = Owner.current()
+    # Children start after their parents: newest first ends nested runs before their parents,
+    # across threads too (a child run started in a worker thread under the main thread's run).
+    entries = [(stack, run) for stack in stacks.values() for run in list(stack)]
+    entries.sort(key=lambda entry: entry[1].info.start_time or 0, reverse=True)  # type: ignore[attr-defined]
+
+    client = MlflowClient()
+    end_time = int(outcome.time * 1000)
+    tags = [RunTag(k, v) for k, v in {**outcome.tags(), TAG_ENDED_BY: ended_by}.items()]
+    ended = []
+    for stack, run in entries:
+        run_id: str = run.info.run_id  # type: ignore[attr-defined]
+        if not (end_attached or _started_here(run, me)):
+            log.debug("lifeguard: leaving attached run %s alone", run_id)
+            continue
+        # Never overwrite a run the user already ended, e.g. with MlflowClient.set_terminated.
+        if client.get_run(run_id).info.status == RUNNING:
+            client.log_batch(run_id, tags=tags)
+            client.set_terminated(run_id, outcome.status.value, end_time=end_time)
+            ended.append(run_id)
+        _forget(fluent, stack, run, run_id)
+    return ended
+
+
+def _started_here(run: object, me: Owner) -> bool:
+    """Whether this process started ``run`` (rather than attaching to it via MLFLOW_RUN_ID or
+    ``start_run(run_id=...)``)."""
+    from lifeguard.owner import Owner
+
+    owner = Owner.from_tags(dict(run.data.tags))  # type: ignore[attr-defined]
+    if owner is not None:
+        return owner.same_process(me)
+    # Started before install() or without the context-provider entry point: a run created
+    # after this process started is its own; a resumed one keeps its older start time.
+    start_ms: int = run.info.start_time or 0  # type: ignore[attr-defined]
+    return start_ms >= int(me.start_time * 1000) - 1000
+
+
+def _forget(fluent: object, stack: list[object], run: object, run_id: str) -> None:
+    """Take the run off MLflow's stack, as fluent.end_run() would, and stop its system-metrics
+    monitor, so that MLflow's own atexit hook cannot end it again as FINISHED."""
+    try:
+        stack.remove(run)
+    except ValueError:
+        pass
+    monitors = getattr(fluent, "run_id_to_system_metrics_monitor", None)
+    if monitors is not None and run_id in monitors:
+        monitors.pop(run_id).finish()

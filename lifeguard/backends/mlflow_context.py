@@ -1,0 +1,37 @@
+"""MLflow's ``mlflow.run_context_provider`` plug-in: tag each run with its owner at start_run.
+
+MLflow calls ``tags()`` at every ``mlflow.start_run()`` that creates a run, so every run started
+under lifeguard carries host, pid and process start time with no change to the user's code. The
+guardian and ``lifeguard sweep`` find orphans by these tags.
+
+It is also the moment to make sure lifeguard's atexit hook runs before MLflow's: MLflow registers
+its always-FINISHED hook when it is imported, which may be after ``install()``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from mlflow.tracking.context.abstract_context import RunContextProvider
+
+from lifeguard import api
+from lifeguard.owner import Owner
+
+__all__ = ["OwnerRunContext"]
+
+_owner: Owner | None = None
+
+
+class OwnerRunContext(RunContextProvider):  # type: ignore[misc]
+    def in_context(self) -> bool:
+        lifecycle = api.current()
+        return lifecycle is not None and lifecycle.is_installed()
+
+    def tags(self) -> dict[str, str]:
+        global _owner
+        lifecycle = api.current()
+        if lifecycle is not None:
+            lifecycle.hooks.move_atexit_to_front()
+        if _owner is None or _owner.pid != os.getpid():  # a forked child is a new owner
+            _owner = Owner.current()
+        return _owner.tags()

@@ -1,0 +1,284 @@
+"""``lifeguard demo``: every in-process exit path, with raw MLflow and with lifeguard, side by side.
+
+The same module is the child program: ``python -m lifeguard.demo --child PATH`` starts a run, logs
+a metric, prints a ready line and then ends the way PATH says. The parent reads the ready line
+before it sends any signal, so nothing here depends on timing. The test-suite drives its own
+child programs with the same runner (:func:`run_child`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+__all__ = ["PATHS", "ChildResult", "enact", "run_child", "main"]
+
+READY = "LIFEGUARD-READY"
+
+# name -> (what the child does, signal the parent sends after the ready line)
+PATHS: dict[str, tuple[str, int | None]] = {
+    "return": ("main returns", None),
+    "sys.exit(0)": ("sys.exit(0)", None),
+    "sys.exit()": ("sys.exit()", None),
+    "sys.exit(3)": ("sys.exit(3)", None),
+    'sys.exit("msg")': ('sys.exit("fatal: bad config")', None),
+    "exception": ("raise RuntimeError", None),
+    "KeyboardInterrupt": ("raise KeyboardInterrupt", None),
+    "SIGINT": ("Ctrl-C (SIGINT)", signal.SIGINT),
+    "SIGTERM": ("SIGTERM", signal.SIGTERM),
+    "SIGHUP": ("SIGHUP", signal.SIGHUP),
+    "SIGHUP under nohup": ("SIGHUP, ignored by nohup", signal.SIGHUP),
+}
+
+# Paths on which the child waits (on stdin) for the parent's signal, then returns on EOF.
+WAITING = frozenset(name for name, (_, sig) in PATHS.items() if sig is not None)
+
+
+def prepare(path: str) -> None:
+    """What must happen before install(): nohup sets SIGHUP to SIG_IGN before exec."""
+    if path == "SIGHUP under nohup":
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
+def enact(path: str) -> None:
+    """End the process (or return from main) the way ``path`` says."""
+    if path not in PATHS:
+        raise ValueError(f"unknown exit path {path!r}; known: {', '.join(PATHS)}")
+    if path == "sys.exit(0)":
+        sys.exit(0)
+    if path == "sys.exit()":
+        sys.exit()
+    if path == "sys.exit(3)":
+        sys.exit(3)
+    if path == 'sys.exit("msg")':
+        sys.exit("fatal: bad config")
+    if path == "exception":
+        raise RuntimeError("loss is NaN")
+    if path == "KeyboardInterrupt":
+        raise KeyboardInterrupt
+    if path in WAITING:
+        # Blocks until a signal ends the process, or until the parent closes stdin (a signal
+        # that was ignored): then main returns.
+        sys.stdin.readline()
+
+
+def announce(**info: object) -> None:
+    """The ready line: the parent may signal us once it has read it."""
+    sys.stdout.write(f"{READY} {json.dumps(info)}\n")
+    sys.stdout.flush()
+
+
+# -- the parent side --------------------------------------------------------------------------
+
+
+class ChildResult:
+    __slots__ = ("returncode", "stdout", "stderr", "ready", "seconds")
+
+    def __init__(
+        self, returncode: int, stdout: str, stderr: str, ready: dict[str, object], seconds: float
+    ):
+        self.returncode = returncode
+        self.stdout = stdout
+        self.stderr = stderr
+        self.ready = ready
+        self.seconds = seconds
+
+    def __repr__(self) -> str:
+        return f"ChildResult(rc={self.returncode}, ready={self.ready}, stderr={self.stderr!r})"
+
+
+class ChildError(RuntimeError):
+    pass
+
+
+def run_child(
+    cmd: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    send: Sequence[int] = (),
+    close_stdin_after_signals: bool = True,
+    timeout: float = 60.0,
+    new_session: bool = True,
+    to_group: bool = False,
+    on_line: Mapping[str, int] | None = None,
+) -> ChildResult:
+    """Start ``cmd``, wait for its ready line, send ``send`` signals in order, then wait for it.
+
+    ``on_line`` maps a marker printed by the child later (e.g. ``"FINALIZING"``) to a signal to
+    send when it appears: the way to hit a window such as "during finalization" without sleeps.
+    Every wait is bounded by ``timeout``; on expiry the child is killed and ChildError raised.
+    """
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        list(cmd),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=None if env is None else dict(env),
+        text=True,
+        start_new_session=new_session,
+    )
+    stdout_lines: list[str] = []
+    stderr_chunks: list[str] = []
+    ready_event = threading.Event()
+    ready: dict[str, object] = {}
+    pending = dict(on_line or {})
+
+    def kill(sig: int) -> None:
+        try:
+            if to_group:
+                os.killpg(proc.pid, sig)
+            else:
+                proc.send_signal(sig)
+        except ProcessLookupError:
+            pass
+
+    def read_stdout() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            stdout_lines.append(line)
+            if line.startswith(READY) and not ready_event.is_set():
+                ready.update(json.loads(line[len(READY) :]))
+                ready_event.set()
+            for marker in list(pending):
+                if line.startswith(marker):
+                    kill(pending.pop(marker))
+        ready_event.set()  # EOF: the child died before (or without) a ready line
+
+    def read_stderr() -> None:
+        assert proc.stderr is not None
+        stderr_chunks.append(proc.stderr.read())
+
+    readers = [threading.Thread(target=read_stdout), threading.Thread(target=read_stderr)]
+    for reader in readers:
+        reader.daemon = True
+        reader.start()
+    try:
+        if not ready_event.wait(timeout):
+            raise ChildError(f"no ready line within {timeout}s from {cmd}")
+        if ready:
+            for sig in send:
+                kill(sig)
+        if close_stdin_after_signals and proc.stdin is not None:
+            try:
+                proc.stdin.close()
+            except BrokenPipeError:
+                pass
+        remaining = max(0.1, timeout - (time.monotonic() - started))
+        try:
+            returncode = proc.wait(remaining)
+        except subprocess.TimeoutExpired:
+            raise ChildError(f"child did not exit within {timeout}s: {cmd}") from None
+        for reader in readers:
+            reader.join(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    result = ChildResult(
+        returncode, "".join(stdout_lines), "".join(stderr_chunks), ready, time.monotonic() - started
+    )
+    if not ready:
+        raise ChildError(f"child exited ({returncode}) without a ready line: {result.stderr}")
+    return result
+
+
+# -- the child side --------------------------------------------------------------------------
+
+
+def child_main(path: str, with_lifeguard: bool) -> None:
+    prepare(path)
+    if with_lifeguard:
+        import lifeguard
+
+        lifeguard.install()
+    import mlflow
+
+    mlflow.set_experiment("lifeguard-demo")
+    run = mlflow.start_run(run_name=path)
+    mlflow.log_metric("loss", 0.5, step=1)
+    announce(run_id=run.info.run_id, pid=os.getpid())
+    enact(path)
+
+
+# -- the demo -------------------------------------------------------------------------------
+
+
+def describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        return f"{-returncode + 128} ({signal.Signals(-returncode).name})"
+    return str(returncode)
+
+
+def main(argv: Sequence[str] | None = None, *, jobs: int = 4) -> int:
+    """Run the demo and print its table. Returns 0 when lifeguard told the truth every time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from mlflow.tracking import MlflowClient
+
+    from lifeguard.outcome import Outcome
+
+    out = sys.stdout
+    with tempfile.TemporaryDirectory(prefix="lifeguard-demo-") as tmp:
+        uri = f"sqlite:///{os.path.join(tmp, 'mlflow.db')}"
+        import logging
+
+        # MLflow announces its schema migration at INFO on stderr; it is noise here.
+        logging.getLogger("mlflow").setLevel(logging.WARNING)
+        client = MlflowClient(tracking_uri=uri)
+        client.search_experiments()  # creates the schema once, before children race to
+        env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONWARNINGS": "ignore"}
+        out.write(f"lifeguard demo: {len(PATHS)} exit paths, raw MLflow vs lifeguard ({uri})\n")
+        out.flush()
+
+        def one(path: str, with_lifeguard: bool) -> tuple[str, int, str]:
+            cmd = [sys.executable, "-m", "lifeguard.demo", "--child", path]
+            if with_lifeguard:
+                cmd.append("--with-lifeguard")
+            sig = PATHS[path][1]
+            result = run_child(cmd, env=env, send=() if sig is None else (sig,))
+            run = client.get_run(str(result.ready["run_id"]))
+            return run.info.status, result.returncode, run.info.end_time
+
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            futures = {
+                (path, lg): pool.submit(one, path, lg) for path in PATHS for lg in (False, True)
+            }
+            rows = []
+            honest = True
+            for path in PATHS:
+                raw_status, raw_rc, _ = futures[(path, False)].result()
+                status, rc, end_time = futures[(path, True)].result()
+                expected = Outcome.from_wait_status(rc).status.value
+                ok = status == expected and end_time is not None
+                honest &= ok
+                rows.append((PATHS[path][0], raw_status, status, describe_exit(rc), ok))
+    headers = ("exit path", "raw MLflow", "with lifeguard", "exit code")
+    widths = [max(len(h), *(len(str(r[i])) for r in rows)) for i, h in enumerate(headers)]
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
+    out.write(line + "\n" + "  ".join("-" * w for w in widths) + "\n")
+    for row in rows:
+        cells = [str(c).ljust(w) for c, w in zip(row[:4], widths, strict=True)]
+        out.write("  ".join(cells) + ("" if row[4] else "  <- wrong") + "\n")
+    out.write(
+        "\nraw MLflow: its atexit hook writes FINISHED whatever happened, and a signal leaves the"
+        "\nrun RUNNING forever. lifeguard: the status the exit code says, the same exit code.\n"
+    )
+    return 0 if honest else 1
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 3 and sys.argv[1] == "--child":
+        child_main(sys.argv[2], with_lifeguard="--with-lifeguard" in sys.argv[3:])
+    else:
+        raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,157 @@
+"""The finalizer registry: once-only, LIFO order, a shared deadline, and error isolation.
+
+Finalizers run last-registered-first, like ``atexit``: the MLflow finalizer is registered by
+``install()``, so a user's finalizer registered later still sees the run open and can log to it.
+
+Each finalizer runs in a daemon thread that the caller joins with a timeout, so a hanging one is
+abandoned rather than waited on. The budget is shared fairly: a finalizer may use the remaining
+time divided by the number still to run, and what a quick one leaves over goes to the next. So a
+hang costs at most its share and can never starve the finalizers after it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from lifeguard._log import logger
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from lifeguard.outcome import Outcome
+
+    Finalizer = Callable[[Outcome], object]
+
+__all__ = ["Handle", "Registry", "Report"]
+
+
+class Handle:
+    """What :func:`lifeguard.register` returns."""
+
+    __slots__ = ("name", "fn", "_registry", "__weakref__")
+
+    def __init__(self, name: str, fn: Finalizer, registry: Registry) -> None:
+        self.name = name
+        self.fn = fn
+        self._registry = registry
+
+    def unregister(self) -> bool:
+        """Remove the finalizer. Returns False if it had already run or been removed."""
+        return self._registry.remove(self)
+
+    def __repr__(self) -> str:
+        return f"<lifeguard finalizer {self.name!r}>"
+
+
+class Report:
+    """How one finalizer went: ``"ok"``, ``"raised"`` or ``"timed out"``."""
+
+    __slots__ = ("name", "result", "seconds", "error")
+
+    def __init__(self, name: str, result: str, seconds: float, error: BaseException | None):
+        self.name = name
+        self.result = result
+        self.seconds = seconds
+        self.error = error
+
+    def __repr__(self) -> str:
+        return f"Report({self.name!r}, {self.result!r}, {self.seconds:.3f}s)"
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._handles: list[Handle] = []
+
+    def add(self, fn: Finalizer, name: str | None = None) -> Handle:
+        if not callable(fn):
+            raise TypeError(f"a finalizer must be callable, not {type(fn).__name__}")
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"name must be a string, not {type(name).__name__}")
+        handle = Handle(name or _describe(fn), fn, self)
+        with self._lock:
+            self._handles.append(handle)
+        return handle
+
+    def remove(self, handle: Handle) -> bool:
+        with self._lock:
+            try:
+                self._handles.remove(handle)
+            except ValueError:
+                return False
+            return True
+
+    def clear(self) -> None:
+        with self._lock:
+            self._handles.clear()
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return [h.name for h in self._handles]
+
+    def run_all(self, outcome: Outcome, deadline: float) -> list[Report]:
+        """Run every registered finalizer once, newest first, within ``deadline`` seconds."""
+        # Taking the whole list under the lock is what makes "at most once" hold even if two
+        # threads race here: the loser finds nothing left to run.
+        with self._lock:
+            pending = list(reversed(self._handles))
+            self._handles.clear()
+        reports = []
+        end = time.monotonic() + deadline
+        for index, handle in enumerate(pending):
+            share = max(0.0, end - time.monotonic()) / (len(pending) - index)
+            reports.append(_run_one(handle, outcome, share))
+        return reports
+
+
+def _run_one(handle: Handle, outcome: Outcome, timeout: float) -> Report:
+    log = logger()
+    box: list[BaseException | None] = []
+    started = time.monotonic()
+
+    def target() -> None:
+        try:
+            handle.fn(outcome)
+        except BaseException as exc:  # noqa: BLE001 - a finalizer must never break the others
+            box.append(exc)
+        else:
+            box.append(None)
+
+    thread = threading.Thread(target=target, name=f"lifeguard-finalizer[{handle.name}]")
+    thread.daemon = True  # an abandoned (hung) finalizer must not hold the process open
+    try:
+        thread.start()
+    except RuntimeError:
+        # Python 3.12+ refuses new threads once interpreter shutdown has begun (an atexit hook
+        # that runs after threading's shutdown). Run inline: no deadline, but no loss either.
+        target()
+    else:
+        thread.join(timeout)
+    seconds = time.monotonic() - started
+    if not box:
+        log.warning(
+            "lifeguard: finalizer %r did not finish within its %.1fs share of the deadline; "
+            "abandoned",
+            handle.name,
+            timeout,
+        )
+        return Report(handle.name, "timed out", seconds, None)
+    error = box[0]
+    if error is not None:
+        log.error(
+            "lifeguard: finalizer %r raised %s: %s",
+            handle.name,
+            type(error).__name__,
+            error,
+            exc_info=(type(error), error, error.__traceback__),
+        )
+        return Report(handle.name, "raised", seconds, error)
+    return Report(handle.name, "ok", seconds, None)
+
+
+def _describe(fn: object) -> str:
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    return f"{module}.{qualname}" if module else str(qualname)

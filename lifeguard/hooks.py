@@ -1,0 +1,199 @@
+"""Process hooks: atexit, signal handlers, ``sys.excepthook``, ``sys.exit`` and ``exit()``.
+
+Nothing here knows about finalizers or backends. The hooks observe how the process is ending and
+report it to a :class:`Listener` (the lifecycle), which decides what to do; then they get out of
+the way so that the process ends exactly as it would have without them:
+
+* a signal whose previous disposition was the default action: the listener finalizes, then the
+  default action is restored and the same signal re-raised, so the parent sees a real death by
+  that signal (npm signal-exit and CPython's ``exit_sigint()`` do the same);
+* a signal with a previous Python handler (the user's, Ray's, ``default_int_handler``): that
+  handler is called. If it raises (SystemExit, KeyboardInterrupt), the process is on its way out
+  and atexit finalizes; if it returns, the program chose to live on and nothing is finalized;
+* an ignored signal (SIGHUP under nohup) is not hooked at all, so it stays ignored.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import sys
+import threading
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import FrameType, TracebackType
+
+    from lifeguard.lifecycle import Lifecycle
+
+    Handler = Callable[[int, FrameType | None], object] | int | signal.Handlers | None
+    ExceptHook = Callable[[type[BaseException], BaseException, TracebackType | None], object]
+
+__all__ = ["ProcessHooks", "die_by_signal", "is_main_thread"]
+
+
+def is_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def die_by_signal(signum: int) -> None:
+    """End the process by ``signum``'s default action, as if nobody had caught it."""
+    try:
+        signal.signal(signum, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
+        signal.raise_signal(signum)
+    finally:
+        # Only reached if the default action did not end the process (it always does for the
+        # signals lifeguard accepts); exit with the shell's code for that signal rather than
+        # return into code that believes it is dead.
+        os._exit(128 + signum)
+
+
+class _Quitter:
+    """Wraps site's ``exit``/``quit`` builtins, which raise SystemExit without ``sys.exit``."""
+
+    def __init__(self, original: Callable[..., object], hooks: ProcessHooks) -> None:
+        self._original = original
+        self._hooks = hooks
+
+    def __call__(self, code: object = None) -> object:
+        self._hooks.exit_called(code)
+        return self._original(code)
+
+    def __repr__(self) -> str:
+        return repr(self._original)
+
+
+class ProcessHooks:
+    """Installs and restores the hooks. One instance per installed lifecycle."""
+
+    def __init__(self, lifecycle: Lifecycle) -> None:
+        self._lifecycle = lifecycle
+        self._saved_signals: dict[int, Handler] = {}
+        self._saved_excepthook: ExceptHook | None = None
+        self._saved_exit: Callable[..., object] | None = None
+        self._saved_quitters: dict[str, object] = {}
+        # The signal whose chained handler is running now: a sys.exit() made from inside it
+        # (Ray's SIGTERM handler calls sys.exit(1)) is that signal's doing, not a plain exit.
+        self._in_handler_for: int | None = None
+
+    # -- install / uninstall -----------------------------------------------------------------
+
+    def install(self, signals: tuple[int, ...]) -> None:
+        if signals and not is_main_thread():
+            raise RuntimeError(
+                "lifeguard.install() hooks signals, which Python allows only in the main thread, "
+                f"but it was called from thread {threading.current_thread().name!r}. Call it at "
+                "program start, or pass signals=() to hook only atexit, sys.excepthook and sys.exit."
+            )
+        atexit.register(self._atexit)
+        self._saved_excepthook = sys.excepthook
+        sys.excepthook = self._excepthook
+        self._saved_exit = sys.exit
+        sys.exit = self._exit  # type: ignore[assignment]
+        import builtins
+
+        for name in ("exit", "quit"):
+            original = getattr(builtins, name, None)
+            if original is not None and callable(original):
+                self._saved_quitters[name] = original
+                setattr(builtins, name, _Quitter(original, self))
+        for signum in signals:
+            previous = signal.getsignal(signum)
+            if previous is signal.SIG_IGN or previous is None:
+                # SIG_IGN: the program (or nohup) chose to ignore it; it must stay ignored.
+                # None: a handler set from C that Python cannot call, so it cannot be chained;
+                # replacing it would lose it.
+                continue
+            signal.signal(signum, self._on_signal)
+            self._saved_signals[signum] = previous
+
+    def uninstall(self) -> None:
+        """Restore what was there before, but only where lifeguard's hook is still the one in
+        place: a handler someone installed after us is theirs, and stays."""
+        atexit.unregister(self._atexit)
+        if sys.excepthook == self._excepthook and self._saved_excepthook is not None:
+            sys.excepthook = self._saved_excepthook
+        if sys.exit == self._exit and self._saved_exit is not None:
+            sys.exit = self._saved_exit  # type: ignore[assignment]
+        import builtins
+
+        for name, original in self._saved_quitters.items():
+            current = getattr(builtins, name, None)
+            if isinstance(current, _Quitter) and current._hooks is self:
+                setattr(builtins, name, original)
+        if self._saved_signals and is_main_thread():
+            for signum, previous in self._saved_signals.items():
+                if signal.getsignal(signum) == self._on_signal:
+                    signal.signal(signum, previous)  # type: ignore[arg-type]
+        self._saved_signals.clear()
+
+    def hooked_signals(self) -> tuple[int, ...]:
+        return tuple(self._saved_signals)
+
+    def move_atexit_to_front(self) -> None:
+        """atexit runs last-registered-first. Re-registering puts our hook ahead of any hook
+        registered since install(), MLflow's always-FINISHED ``_safe_end_run`` included."""
+        atexit.unregister(self._atexit)
+        atexit.register(self._atexit)
+
+    # -- the hooks -------------------------------------------------------------------------
+
+    def _atexit(self) -> None:
+        self._lifecycle.on_interpreter_exit()
+
+    def _excepthook(
+        self, tp: type[BaseException], value: BaseException, tb: TracebackType | None
+    ) -> None:
+        try:
+            if self._lifecycle.owns_process():
+                self._lifecycle.note_exception(value)
+                self.move_atexit_to_front()
+        finally:
+            hook = self._saved_excepthook or sys.__excepthook__
+            hook(tp, value, tb)
+
+    def _exit(self, code: object = None) -> None:
+        self.exit_called(code)
+        assert self._saved_exit is not None
+        self._saved_exit(code)
+
+    def exit_called(self, code: object) -> None:
+        # sys.exit() in another thread only ends that thread; it says nothing about the process.
+        if is_main_thread() and self._lifecycle.owns_process():
+            if self._in_handler_for is None:
+                self._lifecycle.note_exit(code)
+            self.move_atexit_to_front()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        previous = self._saved_signals.get(signum, signal.SIG_DFL)
+        lifecycle = self._lifecycle
+        if lifecycle.is_finalizing() and lifecycle.owns_process():
+            # A second SIGINT/SIGTERM while finalizers run: the sender means it. Die now.
+            die_by_signal(signum)
+        active = lifecycle.owns_process() and lifecycle.is_installed()
+        if callable(previous):
+            if active:
+                lifecycle.note_signal(signum)
+            outer, self._in_handler_for = self._in_handler_for, signum
+            try:
+                previous(signum, frame)
+            except BaseException:
+                # The handler ends the program (SystemExit, KeyboardInterrupt): it will unwind
+                # to atexit, which must run before MLflow's own hook.
+                if active:
+                    self.move_atexit_to_front()
+                raise
+            finally:
+                self._in_handler_for = outer
+            if active:
+                # The handler returned: the program handled the signal and lives on.
+                lifecycle.forget_signal(signum)
+            return
+        if active:
+            from lifeguard.outcome import Outcome
+
+            lifecycle.finalize(Outcome.signalled(signum))
+        die_by_signal(signum)

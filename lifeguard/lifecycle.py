@@ -1,0 +1,116 @@
+"""The per-process lifecycle: INSTALLED -> FINALIZING -> DONE, and the outcome it ends with.
+
+The hooks report events (an exit code, an uncaught exception, a signal); the lifecycle keeps the
+last one, because the last event is the one that actually ends the process, and runs the
+finalizers exactly once, at the first moment the end is certain.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+from lifeguard._log import logger
+from lifeguard.finalizers import Registry
+from lifeguard.hooks import ProcessHooks
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from lifeguard.finalizers import Report
+    from lifeguard.options import Options
+    from lifeguard.outcome import Outcome
+
+__all__ = ["Lifecycle", "Phase"]
+
+
+class Phase:
+    INSTALLED = "installed"
+    FINALIZING = "finalizing"
+    DONE = "done"
+    UNINSTALLED = "uninstalled"
+
+
+class Lifecycle:
+    def __init__(self, options: Options, registry: Registry) -> None:
+        self.options = options
+        self.registry = registry
+        self.pid = os.getpid()
+        self.phase = Phase.INSTALLED
+        self.outcome: Outcome | None = None
+        # A non-blocking acquire is one C call: atomic against threads *and* against a signal
+        # handler interrupting this very thread, which a check-then-set on an attribute is not.
+        self._once = threading.Lock()
+        self.hooks = ProcessHooks(self)
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def owns_process(self) -> bool:
+        """False in a forked child: it inherited the hooks but must never run our finalizers."""
+        return os.getpid() == self.pid
+
+    def is_installed(self) -> bool:
+        return self.phase == Phase.INSTALLED
+
+    def is_finalizing(self) -> bool:
+        return self.phase == Phase.FINALIZING
+
+    # -- events from the hooks -------------------------------------------------------------------
+
+    def note_exit(self, code: object) -> None:
+        from lifeguard.outcome import Outcome
+
+        self.outcome = Outcome.exited(code)
+
+    def note_exception(self, exc: BaseException) -> None:
+        from lifeguard.outcome import Outcome
+
+        self.outcome = Outcome.raised(exc)
+
+    def note_signal(self, signum: int) -> None:
+        from lifeguard.outcome import Outcome
+
+        self.outcome = Outcome.signalled(signum)
+
+    def forget_signal(self, signum: int) -> None:
+        if self.outcome is not None and self.outcome.signum == signum:
+            self.outcome = None
+
+    def on_interpreter_exit(self) -> None:
+        if not self.owns_process() or self.phase != Phase.INSTALLED:
+            return
+        self.finalize(self.outcome or _unreported_outcome())
+
+    # -- finalization --------------------------------------------------------------------------
+
+    def finalize(self, outcome: Outcome) -> list[Report]:
+        """Run every finalizer once with ``outcome``. Later calls return [] and do nothing."""
+        if not self.owns_process() or not self._once.acquire(blocking=False):
+            return []
+        self.phase = Phase.FINALIZING
+        self.outcome = outcome
+        try:
+            logger().debug("lifeguard: finalizing with %r", outcome)
+            return self.registry.run_all(outcome, self.options.deadline)
+        finally:
+            self.phase = Phase.DONE
+
+    def uninstall(self) -> None:
+        self.hooks.uninstall()
+        if self.phase == Phase.INSTALLED:
+            self.phase = Phase.UNINSTALLED
+
+
+def _unreported_outcome() -> Outcome:
+    """No hook saw how the process ends: main returned, or something bypassed our hooks."""
+    from lifeguard.outcome import Outcome
+
+    # CPython stores an uncaught exception in sys.last_value *before* it calls sys.excepthook,
+    # so this still sees the crash when another library (rich, IPython) replaced our excepthook
+    # without chaining it.
+    last = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    if isinstance(last, BaseException) and not isinstance(last, SystemExit):
+        return Outcome.raised(last)
+    # A bare `raise SystemExit(n)` also lands here: invisible in-process on 3.11 (README,
+    # Limitations); `lifeguard run` knows the real status.
+    return Outcome.exited(0)

@@ -1,0 +1,167 @@
+"""The options of :func:`lifeguard.install`, validated once, with environment overrides.
+
+Precedence: an explicit keyword argument, then the ``LIFEGUARD_*`` environment variable, then the
+default. Environment variables exist so that a launcher (Slurm script, Kubernetes manifest,
+``lifeguard run``) can configure a program it cannot edit.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs ~6 ms to import; lifeguard's import budget is 5 ms in all
+    from collections.abc import Iterable, Mapping
+
+__all__ = ["Options", "parse_signals", "DEFAULT_SIGNALS", "DEFAULT_DEADLINE"]
+
+DEFAULT_SIGNALS: tuple[str, ...] = ("SIGINT", "SIGTERM", "SIGHUP")
+
+# Finalization must fit the shortest common grace period with room to spare: Kubernetes and
+# Slurm give 30 s before SIGKILL, and torchelastic's own teardown needs part of that.
+DEFAULT_DEADLINE = 10.0
+
+# These end the process without running Python code, or belong to the interpreter; hooking them
+# would change what the program sees (signal-exit leaves SEGV/BUS/FPE/ILL alone for this reason).
+_UNHOOKABLE = frozenset({"SIGKILL", "SIGSTOP", "SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGCHLD"})
+
+_ENV = {
+    "signals": "LIFEGUARD_SIGNALS",
+    "deadline": "LIFEGUARD_DEADLINE",
+    "mlflow": "LIFEGUARD_MLFLOW",
+    "end_attached": "LIFEGUARD_END_ATTACHED",
+}
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+class Options:
+    """Validated install options (see README "Configuration")."""
+
+    __slots__ = ("signals", "deadline", "mlflow", "end_attached")
+    NAMES = __slots__
+
+    def __init__(
+        self,
+        signals: tuple[int, ...] = (),
+        deadline: float = DEFAULT_DEADLINE,
+        mlflow: bool = True,
+        end_attached: bool = False,
+    ) -> None:
+        self.signals = signals
+        self.deadline = deadline
+        self.mlflow = mlflow
+        self.end_attached = end_attached
+
+    def as_dict(self) -> dict[str, object]:
+        return {name: getattr(self, name) for name in self.NAMES}
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Options) and self.as_dict() == other.as_dict()
+
+    def __repr__(self) -> str:
+        return f"Options({self.as_dict()})"
+
+    @classmethod
+    def from_kwargs(
+        cls, kwargs: Mapping[str, object], environ: Mapping[str, str] | None = None
+    ) -> Options:
+        env = os.environ if environ is None else environ
+        known = set(cls.NAMES)
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise TypeError(
+                f"lifeguard.install() got unknown option(s) {', '.join(map(repr, unknown))}; "
+                f"valid options are {', '.join(sorted(known))}"
+            )
+
+        def pick(name: str) -> tuple[object, str]:
+            if name in kwargs:
+                return kwargs[name], f"option {name!r}"
+            var = _ENV[name]
+            if var in env:
+                return env[var], f"environment variable {var}"
+            return None, ""
+
+        raw, origin = pick("signals")
+        signals = parse_signals(DEFAULT_SIGNALS if raw is None else raw, origin or "signals")
+        raw, origin = pick("deadline")
+        deadline = DEFAULT_DEADLINE if raw is None else _parse_seconds(raw, origin)
+        raw, origin = pick("mlflow")
+        use_mlflow = True if raw is None else _parse_bool(raw, origin)
+        raw, origin = pick("end_attached")
+        end_attached = False if raw is None else _parse_bool(raw, origin)
+        return cls(signals, deadline, use_mlflow, end_attached)
+
+
+def parse_signals(value: object, origin: str = "signals") -> tuple[int, ...]:
+    """Accepts names (``"SIGTERM"``, ``"TERM"``), numbers or ``signal.Signals``, as an iterable
+    or a comma-separated string. An empty value hooks no signal."""
+    items: Iterable[object]
+    if isinstance(value, str):
+        items = [part.strip() for part in value.split(",") if part.strip()]
+    elif isinstance(value, (int, signal.Signals)):
+        items = [value]
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        items = list(value)
+    else:
+        raise TypeError(f"{origin} must be signal names or numbers, not {type(value).__name__}")
+    result: list[int] = []
+    for item in items:
+        sig = _one_signal(item, origin)
+        if sig not in result:
+            result.append(sig)
+    return tuple(result)
+
+
+def _one_signal(item: object, origin: str) -> int:
+    if isinstance(item, bool):
+        raise TypeError(f"{origin}: {item!r} is not a signal")
+    if isinstance(item, int):
+        try:
+            sig = signal.Signals(item)
+        except ValueError:
+            raise ValueError(f"{origin}: {item} is not a signal number on this platform") from None
+    elif isinstance(item, str):
+        name = item.upper()
+        if not name.startswith("SIG"):
+            name = "SIG" + name
+        try:
+            sig = signal.Signals[name]
+        except KeyError:
+            raise ValueError(f"{origin}: unknown signal {item!r}") from None
+    else:
+        raise TypeError(f"{origin}: {item!r} is not a signal name or number")
+    if sig.name in _UNHOOKABLE:
+        raise ValueError(
+            f"{origin}: {sig.name} cannot be hooked in-process; "
+            "use the watchdog or `lifeguard run` for deaths the process cannot see"
+        )
+    return int(sig)
+
+
+def _parse_seconds(value: object, origin: str) -> float:
+    if isinstance(value, bool):
+        raise TypeError(f"{origin} must be a number of seconds, not {value!r}")
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"{origin} must be a number of seconds, not {value!r}") from None
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"{origin} must be a positive, finite number of seconds, not {value!r}")
+    return seconds
+
+
+def _parse_bool(value: object, origin: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        lowered = value.strip().lower()
+        if lowered in _TRUE:
+            return True
+        if lowered in _FALSE:
+            return False
+    raise ValueError(f"{origin} must be true or false, not {value!r}")
