@@ -20,15 +20,15 @@ if TYPE_CHECKING:
     from lifeguard.outcome import Outcome, OutcomeKind, Status
 
 __all__ = [
-    "install",
-    "uninstall",
-    "register",
-    "finish",
-    "is_installed",
     "Outcome",
     "OutcomeKind",
     "Status",
     "__version__",
+    "finish",
+    "install",
+    "is_installed",
+    "register",
+    "uninstall",
 ]
 
 

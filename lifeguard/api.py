@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from lifeguard.finalizers import Report
     from lifeguard.outcome import Outcome
 
-__all__ = ["install", "uninstall", "register", "finish", "current", "is_installed"]
+__all__ = ["current", "finish", "install", "is_installed", "register", "uninstall"]
 
 _lock = threading.RLock()
 _registry = Registry()
@@ -59,11 +59,16 @@ def install(**options: object) -> None:
         lifecycle.hooks.install(parsed.signals)  # raises before any state changes
         _current = lifecycle
         if parsed.mlflow and _mlflow_handle is None:
+            import os
+
             from lifeguard.backends.mlflow import MlflowFinalizer
 
-            _mlflow_handle = _registry.add(
-                MlflowFinalizer(end_attached=parsed.end_attached), name="mlflow"
+            attached = os.environ.get("MLFLOW_RUN_ID")
+            finalizer = MlflowFinalizer(
+                end_attached=parsed.end_attached,
+                attached=frozenset([attached] if attached else []),
             )
+            _mlflow_handle = _registry.add(finalizer, name="mlflow")
 
 
 def uninstall() -> None:

@@ -21,7 +21,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
-__all__ = ["PATHS", "ChildResult", "enact", "run_child", "main"]
+__all__ = ["PATHS", "ChildResult", "enact", "main", "run_child"]
 
 READY = "LIFEGUARD-READY"
 
@@ -82,7 +82,7 @@ def announce(**info: object) -> None:
 
 
 class ChildResult:
-    __slots__ = ("returncode", "stdout", "stderr", "ready", "seconds")
+    __slots__ = ("ready", "returncode", "seconds", "stderr", "stdout")
 
     def __init__(
         self, returncode: int, stdout: str, stderr: str, ready: dict[str, object], seconds: float
@@ -260,7 +260,8 @@ def main(argv: Sequence[str] | None = None, *, jobs: int = 4) -> int:
                 raw_status, raw_rc, _ = futures[(path, False)].result()
                 status, rc, end_time = futures[(path, True)].result()
                 expected = Outcome.from_wait_status(rc).status.value
-                ok = status == expected and end_time is not None
+                # The truth, a real end time, and the very exit status raw MLflow had.
+                ok = status == expected and end_time is not None and rc == raw_rc
                 honest &= ok
                 rows.append((PATHS[path][0], raw_status, status, describe_exit(rc), ok))
     headers = ("exit path", "raw MLflow", "with lifeguard", "exit code")

@@ -30,7 +30,7 @@ __all__ = ["Handle", "Registry", "Report"]
 class Handle:
     """What :func:`lifeguard.register` returns."""
 
-    __slots__ = ("name", "fn", "_registry", "__weakref__")
+    __slots__ = ("__weakref__", "_registry", "fn", "name")
 
     def __init__(self, name: str, fn: Finalizer, registry: Registry) -> None:
         self.name = name
@@ -48,7 +48,7 @@ class Handle:
 class Report:
     """How one finalizer went: ``"ok"``, ``"raised"`` or ``"timed out"``."""
 
-    __slots__ = ("name", "result", "seconds", "error")
+    __slots__ = ("error", "name", "result", "seconds")
 
     def __init__(self, name: str, result: str, seconds: float, error: BaseException | None):
         self.name = name

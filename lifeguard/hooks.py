@@ -86,7 +86,7 @@ class ProcessHooks:
             raise RuntimeError(
                 "lifeguard.install() hooks signals, which Python allows only in the main thread, "
                 f"but it was called from thread {threading.current_thread().name!r}. Call it at "
-                "program start, or pass signals=() to hook only atexit, sys.excepthook and sys.exit."
+                "program start, or pass signals=() to hook only atexit, excepthook and sys.exit."
             )
         atexit.register(self._atexit)
         self._saved_excepthook = sys.excepthook
@@ -127,7 +127,7 @@ class ProcessHooks:
         if self._saved_signals and is_main_thread():
             for signum, previous in self._saved_signals.items():
                 if signal.getsignal(signum) == self._on_signal:
-                    signal.signal(signum, previous)  # type: ignore[arg-type]
+                    signal.signal(signum, previous)
         self._saved_signals.clear()
 
     def hooked_signals(self) -> tuple[int, ...]:

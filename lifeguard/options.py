@@ -15,7 +15,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs ~6 ms to import; lifeguard's import budget is 5 ms in all
     from collections.abc import Iterable, Mapping
 
-__all__ = ["Options", "parse_signals", "DEFAULT_SIGNALS", "DEFAULT_DEADLINE"]
+__all__ = ["DEFAULT_DEADLINE", "DEFAULT_SIGNALS", "Options", "parse_signals"]
 
 DEFAULT_SIGNALS: tuple[str, ...] = ("SIGINT", "SIGTERM", "SIGHUP")
 

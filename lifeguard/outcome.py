@@ -66,15 +66,15 @@ class Outcome:
     """
 
     __slots__ = (
-        "kind",
-        "exit_code",
-        "signum",
         "exception",
-        "exception_type",
         "exception_message",
+        "exception_type",
+        "exit_code",
         "exit_message",
-        "uncertain",
+        "kind",
+        "signum",
         "time",
+        "uncertain",
     )
 
     def __init__(

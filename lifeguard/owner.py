@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import socket
 
-__all__ = ["Owner", "process_start_time", "TAG_HOST", "TAG_PID", "TAG_START", "OWNER_TAGS"]
+__all__ = ["OWNER_TAGS", "TAG_HOST", "TAG_PID", "TAG_START", "Owner", "process_start_time"]
 
 TAG_HOST = "lifeguard.owner.host"
 TAG_PID = "lifeguard.owner.pid"

@@ -18,15 +18,18 @@ if TYPE_CHECKING:
     from lifeguard.outcome import Outcome
     from lifeguard.owner import Owner
 
-__all__ = ["MlflowFinalizer", "TAG_ENDED_BY", "RUNNING"]
+__all__ = ["RUNNING", "TAG_ENDED_BY", "MlflowFinalizer"]
 
 TAG_ENDED_BY = "lifeguard.ended_by"
 RUNNING = "RUNNING"
 
 
 class MlflowFinalizer:
-    def __init__(self, *, end_attached: bool = False) -> None:
+    def __init__(self, *, end_attached: bool = False, attached: frozenset[str] = frozenset()):
         self.end_attached = end_attached
+        # MLflow deletes MLFLOW_RUN_ID from the environment when start_run() attaches to it,
+        # so the attached run's id is captured at install(), before that happens.
+        self.attached = attached
 
     def __call__(self, outcome: Outcome) -> None:
         # "On whenever mlflow gets imported by the program": if it never was, no run can be
@@ -34,11 +37,22 @@ class MlflowFinalizer:
         fluent = sys.modules.get("mlflow.tracking.fluent")
         if fluent is None:
             return
-        end_active_runs(fluent, outcome, end_attached=self.end_attached, ended_by="process")
+        end_active_runs(
+            fluent,
+            outcome,
+            end_attached=self.end_attached,
+            attached=self.attached,
+            ended_by="process",
+        )
 
 
 def end_active_runs(
-    fluent: object, outcome: Outcome, *, end_attached: bool, ended_by: str
+    fluent: object,
+    outcome: Outcome,
+    *,
+    end_attached: bool,
+    ended_by: str,
+    attached: frozenset[str] = frozenset(),
 ) -> list[str]:
     """End the active runs of every thread that this process owns. Returns their ids."""
     from mlflow.entities import RunTag
@@ -66,7 +80,7 @@ def end_active_runs(
     ended = []
     for stack, run in entries:
         run_id: str = run.info.run_id  # type: ignore[attr-defined]
-        if not (end_attached or _started_here(run, me)):
+        if not (end_attached or (run_id not in attached and _started_here(run, me))):
             log.debug("lifeguard: leaving attached run %s alone", run_id)
             continue
         # Never overwrite a run the user already ended, e.g. with MlflowClient.set_terminated.
@@ -87,9 +101,11 @@ def _started_here(run: object, me: Owner) -> bool:
     if owner is not None:
         return owner.same_process(me)
     # Started before install() or without the context-provider entry point: a run created
-    # after this process started is its own; a resumed one keeps its older start time.
+    # after this process started is its own; a resumed one keeps its older start time. The
+    # computed process start time is never later than the true one (boot time is read in whole
+    # seconds, rounded down), so this never disowns a run this process created.
     start_ms: int = run.info.start_time or 0  # type: ignore[attr-defined]
-    return start_ms >= int(me.start_time * 1000) - 1000
+    return start_ms >= int(me.start_time * 1000)
 
 
 def _forget(fluent: object, stack: list[object], run: object, run_id: str) -> None:

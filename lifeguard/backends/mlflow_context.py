@@ -22,7 +22,7 @@ __all__ = ["OwnerRunContext"]
 _owner: Owner | None = None
 
 
-class OwnerRunContext(RunContextProvider):  # type: ignore[misc]
+class OwnerRunContext(RunContextProvider):
     def in_context(self) -> bool:
         lifecycle = api.current()
         return lifecycle is not None and lifecycle.is_installed()

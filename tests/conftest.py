@@ -1,0 +1,103 @@
+"""Shared fixtures: a real sqlite MLflow store per test, and a runner for the child programs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from lifeguard.demo import ChildResult, run_child
+
+if TYPE_CHECKING:
+    pass
+
+CHILDREN = Path(__file__).parent / "children"
+REPO = Path(__file__).parent.parent
+
+# One child import of mlflow costs ~1.5 s of CPU; on a loaded 2-core machine a child can take
+# many times that. This bounds each wait, not the expected duration.
+CHILD_TIMEOUT = 90.0
+
+
+@pytest.fixture(scope="session")
+def template_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty, fully migrated MLflow sqlite store. Migrating takes seconds, so it is done once
+    per worker and copied into each test's tmp_path."""
+    import logging
+
+    from mlflow.tracking import MlflowClient
+
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+    path = tmp_path_factory.mktemp("template") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()
+    return path
+
+
+class Store:
+    """A real sqlite MLflow store in the test's tmp_path."""
+
+    def __init__(self, path: Path) -> None:
+        from mlflow.tracking import MlflowClient
+
+        self.path = path
+        self.uri = f"sqlite:///{path}"
+        self.client = MlflowClient(tracking_uri=self.uri)
+
+    def run(self, run_id: str):
+        return self.client.get_run(run_id)
+
+    def status(self, run_id: str) -> str:
+        return str(self.run(run_id).info.status)
+
+
+@pytest.fixture
+def store(tmp_path: Path, template_db: Path) -> Store:
+    path = tmp_path / "mlflow.db"
+    shutil.copy(template_db, path)
+    return Store(path)
+
+
+def child_env(store: Store, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LIFEGUARD_", "MLFLOW_"))}
+    env.update(MLFLOW_TRACKING_URI=store.uri, PYTHONWARNINGS="ignore", **extra)
+    return env
+
+
+class Scenario:
+    """Runs tests/children/program.py and collects what a test asserts on."""
+
+    def __init__(self, store: Store, tmp_path: Path) -> None:
+        self.store = store
+        self.record = tmp_path / "finalizer-calls.txt"
+
+    def run(
+        self,
+        *args: str,
+        send: tuple[int, ...] = (),
+        env: dict[str, str] | None = None,
+        **kwargs: object,
+    ) -> ChildResult:
+        cmd = [sys.executable, str(CHILDREN / "program.py"), "--record", str(self.record), *args]
+        return run_child(
+            cmd,
+            env=env or child_env(self.store),
+            send=send,
+            timeout=CHILD_TIMEOUT,
+            **kwargs,  # type: ignore[arg-type]
+        )
+
+    def calls(self) -> list[tuple[int, str]]:
+        """(pid, status) for every time the recording finalizer ran."""
+        if not self.record.exists():
+            return []
+        lines = self.record.read_text().split()
+        return [(int(pid), status) for pid, status in zip(lines[::2], lines[1::2], strict=True)]
+
+
+@pytest.fixture
+def scenario(store: Store, tmp_path: Path) -> Scenario:
+    return Scenario(store, tmp_path)

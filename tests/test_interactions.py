@@ -1,0 +1,159 @@
+"""How lifeguard behaves next to the things real programs do: their own signal handlers, broken
+finalizers, impatient operators, nested and threaded runs, forked workers, explicit teardown."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import time
+
+import pytest
+
+from tests.conftest import Scenario, Store, child_env
+
+pytestmark = pytest.mark.slow
+
+
+def test_user_sigterm_handler_that_exits_still_runs(scenario: Scenario, store: Store) -> None:
+    """A handler installed before lifeguard (as Ray's is) runs; its exit code is kept, and the
+    run says the truth: a signal stopped it."""
+    result = scenario.run("--path", "SIGTERM", "--user-sigterm", "exit7", send=(signal.SIGTERM,))
+    assert "USER-HANDLER" in result.stdout
+    assert result.returncode == 7
+    [run_id] = result.ready["run_ids"]
+    assert store.status(run_id) == "KILLED"
+    assert store.run(run_id).data.tags["lifeguard.signal"] == "SIGTERM"
+    assert scenario.calls() == [(result.ready["pid"], "KILLED")]
+
+
+def test_user_sigterm_handler_that_returns_keeps_the_program_alive(
+    scenario: Scenario, store: Store
+) -> None:
+    """The program handled SIGTERM and lived on (then main returned on stdin EOF): nothing was
+    finalized at the signal, and the run ends by how the program really ended."""
+    result = scenario.run("--path", "SIGTERM", "--user-sigterm", "return", send=(signal.SIGTERM,))
+    assert "USER-HANDLER" in result.stdout
+    assert result.returncode == 0
+    [run_id] = result.ready["run_ids"]
+    assert store.status(run_id) == "FINISHED"
+    assert scenario.calls() == [(result.ready["pid"], "FINISHED")]
+
+
+def test_finalizer_that_raises_is_logged_and_others_run(scenario: Scenario, store: Store) -> None:
+    result = scenario.run("--path", "sys.exit(3)", "--raising-finalizer")
+    assert result.returncode == 3
+    assert "finalizer 'explode' raised RuntimeError: finalizer exploded on purpose" in result.stderr
+    [run_id] = result.ready["run_ids"]
+    assert store.status(run_id) == "FAILED"
+    assert scenario.calls() == [(result.ready["pid"], "FAILED")]
+
+
+def test_hanging_finalizer_is_cut_off_at_the_deadline(scenario: Scenario, store: Store) -> None:
+    result = scenario.run(
+        "--path", "SIGTERM", "--hanging-finalizer", "--deadline", "3", send=(signal.SIGTERM,)
+    )
+    assert result.returncode == -signal.SIGTERM
+    assert "finalizer 'hang' did not finish" in result.stderr
+    [run_id] = result.ready["run_ids"]
+    assert store.status(run_id) == "KILLED"
+    assert scenario.calls() == [(result.ready["pid"], "KILLED")]
+
+
+def test_second_signal_during_finalization_ends_at_once(scenario: Scenario, store: Store) -> None:
+    """The blocking finalizer would hold the process for the whole 600 s deadline; the second
+    SIGTERM, sent when it reports FINALIZING, must end the process at once by SIGTERM."""
+    result = scenario.run(
+        "--path",
+        "SIGINT",
+        "--blocking-finalizer",
+        "--deadline",
+        "600",
+        send=(signal.SIGINT,),
+        on_line={"FINALIZING": signal.SIGTERM},
+    )
+    assert "FINALIZING" in result.stdout
+    assert result.returncode == -signal.SIGTERM
+    # The blocking finalizer was registered last, so it ran first: MLflow's never got to run.
+    [run_id] = result.ready["run_ids"]
+    assert store.status(run_id) == "RUNNING"
+    assert scenario.calls() == []
+
+
+@pytest.mark.parametrize("runs", ["nested", "thread"])
+def test_every_run_of_the_process_is_ended(scenario: Scenario, store: Store, runs: str) -> None:
+    before = int(time.time() * 1000)
+    result = scenario.run("--path", "SIGTERM", "--runs", runs, send=(signal.SIGTERM,))
+    assert result.returncode == -signal.SIGTERM
+    run_ids = result.ready["run_ids"]
+    assert len(run_ids) == 2
+    for run_id in run_ids:
+        info = store.run(run_id).info
+        assert info.status == "KILLED"
+        assert info.end_time is not None and info.end_time >= before
+    assert scenario.calls() == [(result.ready["pid"], "KILLED")]
+
+
+def test_forked_children_never_run_the_parents_finalizers(scenario: Scenario, store: Store) -> None:
+    """Ctrl-C in a terminal sends SIGINT to the whole process group, DataLoader workers included."""
+    result = scenario.run("--path", "SIGINT", "--fork", send=(signal.SIGINT,), to_group=True)
+    assert result.returncode == -signal.SIGINT
+    [run_id] = result.ready["run_ids"]
+    assert store.status(run_id) == "KILLED"
+    assert scenario.calls() == [(result.ready["pid"], "KILLED")]
+    for pid in result.ready["children"]:
+        # The children got the same SIGINT; they must be gone, not left running.
+        _wait_gone(pid)
+
+
+def _wait_gone(pid: int, timeout: float = 30.0) -> None:
+    """Wait for a process we are not the parent of (it was reparented when our child died)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        readable, _, _ = select.select([fd], [], [], timeout)
+    finally:
+        os.close(fd)
+    assert readable, f"forked child {pid} still alive after {timeout}s"
+
+
+def test_finish_then_exit_runs_finalizers_once(scenario: Scenario, store: Store) -> None:
+    result = scenario.run("--path", "sys.exit(3)", "--finish-first")
+    assert result.returncode == 3
+    [run_id] = result.ready["run_ids"]
+    assert store.status(run_id) == "FINISHED"  # ended by finish(), not overwritten at exit
+    assert scenario.calls() == [(result.ready["pid"], "FINISHED")]
+
+
+def test_run_ended_by_with_block_is_not_overwritten(scenario: Scenario, store: Store) -> None:
+    result = scenario.run("--path", "exception", "--with-block")
+    assert result.returncode == 1
+    done, current = result.ready["run_ids"]
+    assert store.status(done) == "FINISHED"
+    assert "lifeguard.ended_by" not in store.run(done).data.tags
+    assert store.status(current) == "FAILED"
+
+
+def test_run_ended_by_the_user_is_not_overwritten(scenario: Scenario, store: Store) -> None:
+    result = scenario.run("--path", "SIGTERM", "--user-ended", send=(signal.SIGTERM,))
+    assert result.returncode == -signal.SIGTERM
+    [run_id] = result.ready["run_ids"]
+    assert store.status(run_id) == "FAILED"
+    assert "lifeguard.ended_by" not in store.run(run_id).data.tags
+
+
+@pytest.mark.parametrize("end_attached", [False, True])
+def test_attached_run_left_alone_unless_asked(
+    scenario: Scenario, store: Store, end_attached: bool
+) -> None:
+    parent = store.client.create_run(store.client.get_experiment_by_name("Default").experiment_id)
+    run_id = parent.info.run_id
+    env = child_env(store, MLFLOW_RUN_ID=run_id, MLFLOW_RUN_ID_EXPECTED=run_id)
+    args = ["--path", "SIGTERM", "--attach"] + (["--end-attached"] if end_attached else [])
+    result = scenario.run(*args, send=(signal.SIGTERM,), env=env)
+    assert result.returncode == -signal.SIGTERM
+    assert result.ready["run_ids"] == [run_id]
+    assert store.status(run_id) == ("KILLED" if end_attached else "RUNNING")
+    assert scenario.calls() == [(result.ready["pid"], "KILLED")]

@@ -1,0 +1,362 @@
+"""Units: the status mapping, option validation, the registry, and the hooks' bookkeeping.
+
+Anything that installs process-wide hooks runs in a fresh interpreter, never in the test runner.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+from pytest_subprocess import FakeProcess
+
+import lifeguard
+from lifeguard.finalizers import Registry
+from lifeguard.options import DEFAULT_DEADLINE, Options, parse_signals
+from lifeguard.outcome import Outcome, OutcomeKind, Status
+
+
+def python(code: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+# -- Outcome: the status contract -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("outcome", "status", "code"),
+    [
+        (Outcome.exited(0), Status.FINISHED, 0),
+        (Outcome.exited(None), Status.FINISHED, 0),
+        (Outcome.exited(3), Status.FAILED, 3),
+        (Outcome.exited("msg"), Status.FAILED, 1),
+        (Outcome.exited(True), Status.FAILED, 1),
+        (Outcome.raised(ValueError("x")), Status.FAILED, 1),
+        (Outcome.raised(KeyboardInterrupt()), Status.KILLED, 130),
+        (Outcome.raised(SystemExit(4)), Status.FAILED, 4),
+        (Outcome.signalled(signal.SIGINT), Status.KILLED, 130),
+        (Outcome.signalled(signal.SIGTERM), Status.KILLED, 143),
+        (Outcome.signalled(signal.SIGHUP), Status.KILLED, 129),
+        (Outcome.signalled(signal.SIGKILL), Status.KILLED, 137),
+        (Outcome.signalled(signal.SIGSEGV), Status.FAILED, 139),
+        (Outcome.signalled(signal.SIGABRT), Status.FAILED, 134),
+        (Outcome.from_wait_status(-9), Status.KILLED, 137),
+        (Outcome.from_wait_status(5), Status.FAILED, 5),
+        (Outcome(OutcomeKind.EXIT, uncertain=True), Status.KILLED, 1),
+        (Outcome.lost(), Status.KILLED, 1),
+    ],
+)
+def test_status_mapping(outcome: Outcome, status: Status, code: int) -> None:
+    assert outcome.status is status
+    assert outcome.process_exit_code == code
+
+
+def test_outcome_reason_and_tags() -> None:
+    out = Outcome.raised(ValueError("x" * 5000))
+    assert out.tags()["lifeguard.exception"] == "ValueError"
+    assert len(out.tags()["lifeguard.reason"]) <= 1000
+    assert Outcome.signalled(signal.SIGTERM).tags() == {
+        "lifeguard.outcome": "signal",
+        "lifeguard.reason": "killed by SIGTERM",
+        "lifeguard.signal": "SIGTERM",
+    }
+    assert Outcome.exited(3).reason == "exit code 3"
+    assert str(Outcome.exited(0)) == "FINISHED (exit code 0)"
+
+
+def test_outcome_keeps_its_time() -> None:
+    assert Outcome.exited(0, at=123.5).time == 123.5
+    assert Outcome.exited(0) == Outcome.exited(0, at=1.0)  # time is not identity
+
+
+# -- options --------------------------------------------------------------------------------
+
+
+def test_options_defaults() -> None:
+    opts = Options.from_kwargs({}, environ={})
+    assert opts.signals == (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    assert opts.deadline == DEFAULT_DEADLINE
+    assert opts.mlflow is True and opts.end_attached is False
+
+
+def test_options_from_environment_and_precedence() -> None:
+    env = {
+        "LIFEGUARD_DEADLINE": "4.5",
+        "LIFEGUARD_SIGNALS": "TERM, SIGUSR1",
+        "LIFEGUARD_MLFLOW": "0",
+    }
+    opts = Options.from_kwargs({}, environ=env)
+    assert opts.deadline == 4.5
+    assert opts.signals == (signal.SIGTERM, signal.SIGUSR1)
+    assert opts.mlflow is False
+    assert Options.from_kwargs({"deadline": 2}, environ=env).deadline == 2.0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "names"),
+    [
+        ({"deadlin": 3}, TypeError, "'deadlin'"),
+        ({"deadline": -1}, ValueError, "option 'deadline'"),
+        ({"deadline": float("nan")}, ValueError, "option 'deadline'"),
+        ({"deadline": "soon"}, ValueError, "option 'deadline'"),
+        ({"deadline": True}, TypeError, "option 'deadline'"),
+        ({"signals": ["SIGNOPE"]}, ValueError, "unknown signal 'SIGNOPE'"),
+        ({"signals": ["SIGKILL"]}, ValueError, "SIGKILL cannot be hooked"),
+        ({"signals": ["SIGCHLD"]}, ValueError, "SIGCHLD cannot be hooked"),
+        ({"signals": 3.5}, TypeError, "option 'signals'"),
+        ({"mlflow": "maybe"}, ValueError, "option 'mlflow'"),
+    ],
+)
+def test_bad_options_name_the_problem(kwargs: dict[str, object], error: type, names: str) -> None:
+    with pytest.raises(error, match=names.replace("(", r"\(")):
+        Options.from_kwargs(kwargs, environ={})
+
+
+def test_bad_environment_variable_is_named() -> None:
+    with pytest.raises(ValueError, match="LIFEGUARD_DEADLINE"):
+        Options.from_kwargs({}, environ={"LIFEGUARD_DEADLINE": "-3"})
+
+
+def test_parse_signals_forms() -> None:
+    assert parse_signals("") == ()
+    assert parse_signals(["INT", signal.SIGTERM, 1, "SIGTERM"]) == (2, 15, 1)
+
+
+# -- the registry ---------------------------------------------------------------------------
+
+
+def test_registry_lifo_and_once() -> None:
+    calls: list[str] = []
+    registry = Registry()
+    registry.add(lambda o: calls.append("first"), name="first")
+    registry.add(lambda o: calls.append("second"), name="second")
+    reports = registry.run_all(Outcome.exited(0), deadline=5)
+    assert calls == ["second", "first"]
+    assert [r.result for r in reports] == ["ok", "ok"]
+    assert registry.run_all(Outcome.exited(0), deadline=5) == []
+    assert calls == ["second", "first"]
+
+
+def test_registry_unregister() -> None:
+    calls: list[str] = []
+    registry = Registry()
+    handle = registry.add(lambda o: calls.append("x"))
+    assert handle.unregister() is True
+    assert handle.unregister() is False
+    registry.run_all(Outcome.exited(0), deadline=5)
+    assert calls == []
+
+
+def test_registry_isolates_errors_and_hangs() -> None:
+    release = threading.Event()
+    calls: list[str] = []
+    registry = Registry()
+    registry.add(lambda o: calls.append(o.status.value), name="last")
+    registry.add(lambda o: release.wait(), name="hangs")
+    registry.add(lambda o: 1 / 0, name="raises")
+    try:
+        reports = registry.run_all(Outcome.exited(3), deadline=0.6)
+    finally:
+        release.set()
+    assert [(r.name, r.result) for r in reports] == [
+        ("raises", "raised"),
+        ("hangs", "timed out"),
+        ("last", "ok"),
+    ]
+    assert isinstance(reports[0].error, ZeroDivisionError)
+    assert calls == ["FAILED"]
+    # A hang may use only its fair share, so the finalizer after it still gets time.
+    assert reports[1].seconds < 0.6
+
+
+def test_register_rejects_non_callables() -> None:
+    with pytest.raises(TypeError, match="must be callable"):
+        lifeguard.register("not a function")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="name must be a string"):
+        lifeguard.register(print, name=3)  # type: ignore[arg-type]
+
+
+def test_finish_rejects_bad_arguments() -> None:
+    with pytest.raises(TypeError, match="exit_code"):
+        lifeguard.finish("0")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="outcome"):
+        lifeguard.finish(outcome="FAILED")  # type: ignore[arg-type]
+
+
+# -- import cost and the hooks, each in a fresh interpreter ---------------------------------
+
+
+def test_import_pulls_in_no_backend() -> None:
+    result = python(
+        """
+        import sys, lifeguard
+        lifeguard.install()
+        heavy = sorted(m for m in ("mlflow", "psutil", "torch", "typing", "logging", "dataclasses")
+                       if m in sys.modules)
+        print(heavy)
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_install_uninstall_restores_everything() -> None:
+    result = python(
+        """
+        import atexit, builtins, signal, sys
+        def mine(signum, frame): pass
+        signal.signal(signal.SIGTERM, mine)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        before = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM),
+                  signal.getsignal(signal.SIGHUP), sys.excepthook, sys.exit, builtins.exit)
+        import lifeguard
+        lifeguard.install()
+        lifeguard.install()  # idempotent
+        assert lifeguard.is_installed()
+        assert signal.getsignal(signal.SIGTERM) is not mine
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN, "ignored must stay ignored"
+        assert sys.exit is not before[4] and sys.excepthook is not before[3]
+        lifeguard.uninstall()
+        after = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM),
+                 signal.getsignal(signal.SIGHUP), sys.excepthook, sys.exit, builtins.exit)
+        assert after == before, (before, after)
+        assert not lifeguard.is_installed()
+        print("ok")
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
+def test_uninstall_leaves_a_later_handler_in_place() -> None:
+    result = python(
+        """
+        import signal, lifeguard
+        lifeguard.install()
+        def later(signum, frame): pass
+        signal.signal(signal.SIGTERM, later)
+        lifeguard.uninstall()
+        assert signal.getsignal(signal.SIGTERM) is later
+        print("ok")
+        """
+    )
+    assert result.stdout.strip() == "ok", result.stderr
+
+
+def test_install_from_a_thread_is_a_clear_error() -> None:
+    result = python(
+        """
+        import threading, lifeguard
+        errors = []
+        def target():
+            try:
+                lifeguard.install()
+            except RuntimeError as exc:
+                errors.append(str(exc))
+            lifeguard.install(signals=())  # the documented escape hatch works from a thread
+        t = threading.Thread(target=target, name="loader"); t.start(); t.join()
+        print(errors[0])
+        print(lifeguard.is_installed())
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    message, installed = result.stdout.strip().splitlines()
+    assert "main thread" in message and "'loader'" in message and "signals=()" in message
+    assert installed == "True"
+
+
+def test_second_install_with_other_options_warns_and_keeps_the_first() -> None:
+    result = python(
+        """
+        import lifeguard
+        lifeguard.install(deadline=5)
+        lifeguard.install(deadline=7)
+        from lifeguard import api
+        print(api.current().options.deadline)
+        """
+    )
+    assert result.stdout.strip() == "5.0"
+    assert "already called" in result.stderr
+
+
+def test_finish_without_install_runs_registered_finalizers() -> None:
+    result = python(
+        """
+        import lifeguard
+        lifeguard.register(lambda o: print("ran", o.status.value))
+        reports = lifeguard.finish(2)
+        print([r.result for r in reports])
+        """
+    )
+    assert result.stdout.split("\n")[:2] == ["ran FAILED", "['ok']"], result.stderr
+
+
+def test_exit_builtin_is_seen() -> None:
+    """site's exit() raises SystemExit without going through sys.exit."""
+    result = python(
+        """
+        import lifeguard
+        lifeguard.install()
+        lifeguard.register(lambda o: print(o.status.value, o.exit_code))
+        exit(4)
+        """
+    )
+    assert result.returncode == 4
+    assert result.stdout.strip() == "FAILED 4"
+
+
+def test_sys_exit_in_a_thread_does_not_decide_the_outcome() -> None:
+    result = python(
+        """
+        import sys, threading, lifeguard
+        lifeguard.install()
+        lifeguard.register(lambda o: print(o.status.value))
+        t = threading.Thread(target=sys.exit, args=(5,)); t.start(); t.join()
+        """
+    )
+    assert result.returncode == 0
+    assert result.stdout.strip() == "FINISHED"
+
+
+def test_replaced_excepthook_still_reports_the_crash() -> None:
+    """rich/IPython replace sys.excepthook without chaining; sys.last_value still tells."""
+    result = python(
+        """
+        import sys, lifeguard
+        lifeguard.install()
+        lifeguard.register(lambda o: print(o.status.value, o.exception_type))
+        sys.excepthook = lambda *a: None
+        raise ValueError("hidden")
+        """
+    )
+    assert result.returncode == 1
+    assert result.stdout.strip() == "FAILED ValueError"
+
+
+# -- the child runner, with faked processes -------------------------------------------------
+
+
+def test_run_child_reports_a_child_that_dies_before_its_ready_line(fp: FakeProcess) -> None:
+    from lifeguard.demo import ChildError, run_child
+
+    fp.register(["prog"], stdout="", stderr="ImportError: no mlflow\n", returncode=1)
+    with pytest.raises(ChildError, match="without a ready line: ImportError: no mlflow"):
+        run_child(["prog"], timeout=10)
+
+
+def test_run_child_parses_the_ready_line(fp: FakeProcess) -> None:
+    from lifeguard.demo import READY, run_child
+
+    fp.register(["prog"], stdout=f'{READY} {{"run_id": "abc", "pid": 7}}\n', returncode=0)
+    result = run_child(["prog"], timeout=10)
+    assert result.ready == {"run_id": "abc", "pid": 7}
+    assert result.returncode == 0
