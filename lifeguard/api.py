@@ -3,7 +3,7 @@ them lazily so that ``import lifeguard`` costs next to nothing)."""
 
 from __future__ import annotations
 
-import threading
+import _thread
 
 from lifeguard.finalizers import Handle, Registry
 from lifeguard.lifecycle import Lifecycle, Phase
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 __all__ = ["current", "finish", "install", "is_installed", "register", "uninstall"]
 
-_lock = threading.RLock()
+_lock = _thread.RLock()
 _registry = Registry()
 _current: Lifecycle | None = None
 _mlflow_handle: Handle | None = None
@@ -121,7 +121,7 @@ def _after_fork_in_child() -> None:
     owns none of the parent's finalizers. Replace, never lock: another parent thread may have
     held the locks at the moment of fork."""
     global _registry, _current, _mlflow_handle, _lock
-    _lock = threading.RLock()
+    _lock = _thread.RLock()
     _registry = Registry()
     _current = None
     _mlflow_handle = None

@@ -45,7 +45,13 @@ WAITING = frozenset(name for name, (_, sig) in PATHS.items() if sig is not None)
 
 
 def prepare(path: str) -> None:
-    """What must happen before install(): nohup sets SIGHUP to SIG_IGN before exec."""
+    """Set the signal dispositions a program started from a terminal has, before install().
+
+    A parent that ignores SIGINT (a shell's background job, a pytest-xdist worker, some CI
+    runners) passes SIG_IGN on to its children, and then Ctrl-C does nothing at all; a terminal
+    gives Python's KeyboardInterrupt handler. nohup, for its path, sets SIGHUP to SIG_IGN."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if path == "SIGHUP under nohup":
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
 

@@ -11,7 +11,7 @@ hang costs at most its share and can never starve the finalizers after it.
 
 from __future__ import annotations
 
-import threading
+import _thread
 import time
 
 from lifeguard._log import logger
@@ -62,7 +62,7 @@ class Report:
 
 class Registry:
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = _thread.allocate_lock()  # not threading: see hooks.py on import cost
         self._handles: list[Handle] = []
 
     def add(self, fn: Finalizer, name: str | None = None) -> Handle:
@@ -107,6 +107,8 @@ class Registry:
 
 
 def _run_one(handle: Handle, outcome: Outcome, timeout: float) -> Report:
+    import threading  # only now, at exit: it costs ~2.5 ms to import
+
     log = logger()
     box: list[BaseException | None] = []
     started = time.monotonic()

@@ -7,9 +7,9 @@ finalizers exactly once, at the first moment the end is certain.
 
 from __future__ import annotations
 
+import _thread
 import os
 import sys
-import threading
 
 from lifeguard._log import logger
 from lifeguard.finalizers import Registry
@@ -40,7 +40,7 @@ class Lifecycle:
         self.outcome: Outcome | None = None
         # A non-blocking acquire is one C call: atomic against threads *and* against a signal
         # handler interrupting this very thread, which a check-then-set on an attribute is not.
-        self._once = threading.Lock()
+        self._once = _thread.allocate_lock()
         self.hooks = ProcessHooks(self)
 
     # -- state ---------------------------------------------------------------------------------

@@ -7,11 +7,13 @@ default. Environment variables exist so that a launcher (Slurm script, Kubernete
 
 from __future__ import annotations
 
-import math
 import os
-import signal
 
 TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import signal as _signal
+else:
+    import _signal  # not signal: see hooks.py on import cost
 if TYPE_CHECKING:  # typing costs ~6 ms to import; lifeguard's import budget is 5 ms in all
     from collections.abc import Iterable, Mapping
 
@@ -25,7 +27,12 @@ DEFAULT_DEADLINE = 10.0
 
 # These end the process without running Python code, or belong to the interpreter; hooking them
 # would change what the program sees (signal-exit leaves SEGV/BUS/FPE/ILL alone for this reason).
-_UNHOOKABLE = frozenset({"SIGKILL", "SIGSTOP", "SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGCHLD"})
+_UNHOOKABLE = frozenset({"SIGKILL", "SIGSTOP", "SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL"})
+# Their default action is to ignore or stop, not to end the process: nothing to finalize.
+_NOT_FATAL = frozenset(
+    {"SIGCHLD", "SIGCLD", "SIGCONT", "SIGURG", "SIGWINCH", "SIGTSTP", "SIGTTIN", "SIGTTOU"}
+)
+_INF = float("inf")
 
 _ENV = {
     "signals": "LIFEGUARD_SIGNALS",
@@ -103,7 +110,7 @@ def parse_signals(value: object, origin: str = "signals") -> tuple[int, ...]:
     items: Iterable[object]
     if isinstance(value, str):
         items = [part.strip() for part in value.split(",") if part.strip()]
-    elif isinstance(value, (int, signal.Signals)):
+    elif isinstance(value, int):
         items = [value]
     elif isinstance(value, (list, tuple, set, frozenset)):
         items = list(value)
@@ -120,27 +127,38 @@ def parse_signals(value: object, origin: str = "signals") -> tuple[int, ...]:
 def _one_signal(item: object, origin: str) -> int:
     if isinstance(item, bool):
         raise TypeError(f"{origin}: {item!r} is not a signal")
-    if isinstance(item, int):
-        try:
-            sig = signal.Signals(item)
-        except ValueError:
-            raise ValueError(f"{origin}: {item} is not a signal number on this platform") from None
+    if isinstance(item, int):  # signal.Signals members are ints too
+        signum = int(item)
+        if signum not in _signal.valid_signals():
+            raise ValueError(f"{origin}: {item} is not a signal number on this platform")
     elif isinstance(item, str):
-        name = item.upper()
+        name = item.strip().upper()
         if not name.startswith("SIG"):
             name = "SIG" + name
-        try:
-            sig = signal.Signals[name]
-        except KeyError:
-            raise ValueError(f"{origin}: unknown signal {item!r}") from None
+        value = getattr(_signal, name, None)
+        if not isinstance(value, int) or name.startswith(("SIG_", "SIGRTM")):
+            raise ValueError(f"{origin}: unknown signal {item!r}")
+        signum = value
     else:
         raise TypeError(f"{origin}: {item!r} is not a signal name or number")
-    if sig.name in _UNHOOKABLE:
+    name = _signal_name(signum)
+    if name in _UNHOOKABLE:
         raise ValueError(
-            f"{origin}: {sig.name} cannot be hooked in-process; "
+            f"{origin}: {name} cannot be hooked in-process; "
             "use the watchdog or `lifeguard run` for deaths the process cannot see"
         )
-    return int(sig)
+    if name in _NOT_FATAL:
+        raise ValueError(f"{origin}: {name} does not end a process, so there is nothing to hook")
+    return signum
+
+
+def _signal_name(signum: int) -> str:
+    # Aliases (SIGCLD/SIGCHLD, SIGIOT/SIGABRT) sort after the usual name.
+    for name in sorted(dir(_signal)):
+        is_signal = name.startswith("SIG") and not name.startswith(("SIG_", "SIGRTM"))
+        if is_signal and getattr(_signal, name) == signum:
+            return name
+    return f"signal {signum}"
 
 
 def _parse_seconds(value: object, origin: str) -> float:
@@ -150,7 +168,7 @@ def _parse_seconds(value: object, origin: str) -> float:
         seconds = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         raise ValueError(f"{origin} must be a number of seconds, not {value!r}") from None
-    if not math.isfinite(seconds) or seconds <= 0:
+    if seconds != seconds or seconds in (_INF, -_INF) or seconds <= 0:  # NaN, inf, <= 0
         raise ValueError(f"{origin} must be a positive, finite number of seconds, not {value!r}")
     return seconds
 

@@ -111,7 +111,7 @@ def test_options_from_environment_and_precedence() -> None:
         ({"deadline": True}, TypeError, "option 'deadline'"),
         ({"signals": ["SIGNOPE"]}, ValueError, "unknown signal 'SIGNOPE'"),
         ({"signals": ["SIGKILL"]}, ValueError, "SIGKILL cannot be hooked"),
-        ({"signals": ["SIGCHLD"]}, ValueError, "SIGCHLD cannot be hooked"),
+        ({"signals": ["SIGCHLD"]}, ValueError, "SIGCHLD does not end a process"),
         ({"signals": 3.5}, TypeError, "option 'signals'"),
         ({"mlflow": "maybe"}, ValueError, "option 'mlflow'"),
     ],
