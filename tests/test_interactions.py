@@ -157,3 +157,12 @@ def test_attached_run_left_alone_unless_asked(
     assert result.ready["run_ids"] == [run_id]
     assert store.status(run_id) == ("KILLED" if end_attached else "RUNNING")
     assert scenario.calls() == [(result.ready["pid"], "KILLED")]
+
+
+def test_async_metrics_are_flushed_before_the_run_ends(scenario: Scenario, store: Store) -> None:
+    result = scenario.run("--path", "SIGTERM", "--async-metrics", "200", send=(signal.SIGTERM,))
+    assert result.returncode == -signal.SIGTERM
+    [run_id] = result.ready["run_ids"]
+    assert store.status(run_id) == "KILLED"
+    history = store.client.get_metric_history(run_id, "async_loss")
+    assert sorted(m.step for m in history) == list(range(200))

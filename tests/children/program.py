@@ -40,6 +40,7 @@ parser.add_argument("--with-block", action="store_true", help="run ended by a wi
 parser.add_argument("--user-ended", action="store_true", help="user ends the run via the client")
 parser.add_argument("--attach", action="store_true", help="MLFLOW_RUN_ID names the run to use")
 parser.add_argument("--end-attached", action="store_true")
+parser.add_argument("--async-metrics", type=int, default=0, help="queue N metrics asynchronously")
 args = parser.parse_args()
 
 demo.prepare(args.path)
@@ -125,6 +126,9 @@ elif args.runs == "thread":
 
     threading.Thread(target=worker, daemon=True).start()
     started.wait(60)
+
+for step in range(args.async_metrics):
+    mlflow.log_metric("async_loss", 1.0 / (step + 1), step=step, synchronous=False)
 
 if args.user_ended:
     MlflowClient().set_terminated(run.info.run_id, "FAILED")
