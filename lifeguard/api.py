@@ -23,6 +23,7 @@ _registry = Registry()
 _current: Lifecycle | None = None
 _mlflow_handle: Handle | None = None
 _fork_hook_registered = False
+_faulthandler_ours = False
 
 
 def current() -> Lifecycle | None:
@@ -58,6 +59,7 @@ def install(**options: object) -> None:
         lifecycle = Lifecycle(parsed, _registry)
         lifecycle.hooks.install(parsed.signals)  # raises before any state changes
         _current = lifecycle
+        _connect_guardian(lifecycle)
         if parsed.mlflow and _mlflow_handle is None:
             import os
 
@@ -69,6 +71,33 @@ def install(**options: object) -> None:
                 attached=frozenset([attached] if attached else []),
             )
             _mlflow_handle = _registry.add(finalizer, name="mlflow")
+
+
+def _connect_guardian(lifecycle: Lifecycle) -> None:
+    """A supervisor's channel (inherited through the environment) wins; else start a watchdog
+    if asked. Either way the guardian learns about os._exit; a watchdog also about crashes."""
+    from lifeguard.guardian.channel import WATCHDOG, Channel
+
+    channel = Channel.from_env()
+    if channel is None and lifecycle.options.watchdog:
+        from lifeguard.guardian import watchdog
+
+        channel, lifecycle.guardian_pid = watchdog.start(lifecycle.options.deadline)
+    if channel is None:
+        return
+    lifecycle.channel = channel
+    lifecycle.hooks.watch_os_exit()
+    if channel.role == WATCHDOG:
+        import faulthandler
+
+        # A crash (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT) runs no Python code, but
+        # faulthandler's C handler writes "Fatal Python error: <signal>" to the pipe and then
+        # lets the signal kill the process as before. A faulthandler the user enabled (to
+        # stderr, say) is theirs: left alone, and a crash then reads as KILLED.
+        if not faulthandler.is_enabled():
+            global _faulthandler_ours
+            faulthandler.enable(file=channel.fd, all_threads=False)
+            _faulthandler_ours = True
 
 
 def uninstall() -> None:
@@ -121,6 +150,19 @@ def _after_fork_in_child() -> None:
     owns none of the parent's finalizers. Replace, never lock: another parent thread may have
     held the locks at the moment of fork."""
     global _registry, _current, _mlflow_handle, _lock
+    lifecycle = _current
+    if lifecycle is not None and lifecycle.channel is not None:
+        from lifeguard.guardian.channel import WATCHDOG
+
+        if lifecycle.channel.role == WATCHDOG:
+            # The parent's watchdog is the parent's: the child must not speak for it, nor
+            # hold its pipe open (EOF is how the watchdog learns of the parent's death).
+            if _faulthandler_ours:
+                import faulthandler
+
+                faulthandler.disable()
+            lifecycle.channel.close()
+        lifecycle.channel = None
     _lock = _thread.RLock()
     _registry = Registry()
     _current = None

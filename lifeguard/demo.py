@@ -40,8 +40,17 @@ PATHS: dict[str, tuple[str, int | None]] = {
     "SIGHUP under nohup": ("SIGHUP, ignored by nohup", signal.SIGHUP),
 }
 
+# Deaths no in-process hook can see: only a guardian (watchdog, `lifeguard run`) ends the run.
+DEATHS: dict[str, tuple[str, int | None]] = {
+    "SIGKILL": ("SIGKILL (OOM killer, end of a grace period)", signal.SIGKILL),
+    "self-SIGKILL": ("os.kill(os.getpid(), SIGKILL)", None),
+    "os._exit(0)": ("os._exit(0)", None),
+    "os._exit(5)": ("os._exit(5)", None),
+    "segfault": ("a segfault in C code", None),
+}
+
 # Paths on which the child waits (on stdin) for the parent's signal, then returns on EOF.
-WAITING = frozenset(name for name, (_, sig) in PATHS.items() if sig is not None)
+WAITING = frozenset(name for name, (_, sig) in {**PATHS, **DEATHS}.items() if sig is not None)
 
 
 def prepare(path: str) -> None:
@@ -58,8 +67,19 @@ def prepare(path: str) -> None:
 
 def enact(path: str) -> None:
     """End the process (or return from main) the way ``path`` says."""
-    if path not in PATHS:
-        raise ValueError(f"unknown exit path {path!r}; known: {', '.join(PATHS)}")
+    if path not in PATHS and path not in DEATHS:
+        known = ", ".join([*PATHS, *DEATHS])
+        raise ValueError(f"unknown exit path {path!r}; known: {known}")
+    if path == "self-SIGKILL":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if path == "os._exit(0)":
+        os._exit(0)
+    if path == "os._exit(5)":
+        os._exit(5)
+    if path == "segfault":
+        import ctypes
+
+        ctypes.string_at(0)  # reads address 0: SIGSEGV in C, no Python code runs after it
     if path == "sys.exit(0)":
         sys.exit(0)
     if path == "sys.exit()":

@@ -24,7 +24,17 @@ if TYPE_CHECKING:
 
     Finalizer = Callable[[Outcome], object]
 
-__all__ = ["Handle", "Registry", "Report"]
+__all__ = ["Handle", "Registry", "Report", "time_left"]
+
+# Thread id -> monotonic deadline of the finalizer running in that thread.
+_deadlines: dict[int, float] = {}
+
+
+def time_left() -> float | None:
+    """Seconds left for the finalizer calling this, or None outside a finalizer. Backends use
+    it to bound their own network calls (MLflow's HTTP timeout and retries)."""
+    deadline = _deadlines.get(_thread.get_ident())
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
 class Handle:
@@ -114,12 +124,16 @@ def _run_one(handle: Handle, outcome: Outcome, timeout: float) -> Report:
     started = time.monotonic()
 
     def target() -> None:
+        ident = _thread.get_ident()
+        _deadlines[ident] = started + timeout
         try:
             handle.fn(outcome)
         except BaseException as exc:  # noqa: BLE001 - a finalizer must never break the others
             box.append(exc)
         else:
             box.append(None)
+        finally:
+            _deadlines.pop(ident, None)
 
     thread = threading.Thread(target=target, name=f"lifeguard-finalizer[{handle.name}]")
     thread.daemon = True  # an abandoned (hung) finalizer must not hold the process open

@@ -87,6 +87,7 @@ class ProcessHooks:
         self._saved_excepthook: ExceptHook | None = None
         self._saved_exit: Callable[..., object] | None = None
         self._saved_quitters: dict[str, object] = {}
+        self._saved_os_exit: Callable[[int], object] | None = None
         # The signal whose chained handler is running now: a sys.exit() made from inside it
         # (Ray's SIGTERM handler calls sys.exit(1)) is that signal's doing, not a plain exit.
         self._in_handler_for: int | None = None
@@ -126,10 +127,26 @@ class ProcessHooks:
                 self._saved_quitters[name] = original
                 setattr(builtins, name, _Quitter(original, self))
 
+    def watch_os_exit(self) -> None:
+        """With a guardian listening: tell it the code before ``os._exit`` ends the process
+        without any hook. Nothing else about os._exit changes; no finalizer runs."""
+        if self._saved_os_exit is None:
+            self._saved_os_exit = os._exit
+            os._exit = self._os_exit  # type: ignore[assignment]
+
+    def _os_exit(self, code: int) -> None:
+        lifecycle = self._lifecycle
+        if lifecycle.owns_process() and lifecycle.channel is not None:
+            lifecycle.channel.send("exit", str(code))
+        assert self._saved_os_exit is not None
+        self._saved_os_exit(code)
+
     def uninstall(self) -> None:
         """Restore what was there before, but only where lifeguard's hook is still the one in
         place: a handler someone installed after us is theirs, and stays."""
         atexit.unregister(self._atexit)
+        if self._saved_os_exit is not None and os._exit == self._os_exit:
+            os._exit = self._saved_os_exit  # type: ignore[assignment]
         if sys.excepthook == self._excepthook and self._saved_excepthook is not None:
             sys.excepthook = self._saved_excepthook
         if sys.exit == self._exit and self._saved_exit is not None:

@@ -18,6 +18,7 @@ from lifeguard.hooks import ProcessHooks
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from lifeguard.finalizers import Report
+    from lifeguard.guardian.channel import Channel
     from lifeguard.options import Options
     from lifeguard.outcome import Outcome
 
@@ -42,6 +43,9 @@ class Lifecycle:
         # handler interrupting this very thread, which a check-then-set on an attribute is not.
         self._once = _thread.allocate_lock()
         self.hooks = ProcessHooks(self)
+        # The pipe to a guardian (watchdog or supervisor), if there is one.
+        self.channel: Channel | None = None
+        self.guardian_pid: int | None = None  # the watchdog's, if this process started one
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -94,6 +98,9 @@ class Lifecycle:
             return self.registry.run_all(outcome, self.options.deadline)
         finally:
             self.phase = Phase.DONE
+            if self.channel is not None:
+                # Every run is ended, journaled or deferred: the guardian may stand down.
+                self.channel.send("done")
 
     def uninstall(self) -> None:
         self.hooks.uninstall()
@@ -112,5 +119,7 @@ def _unreported_outcome() -> Outcome:
     if isinstance(last, BaseException) and not isinstance(last, SystemExit):
         return Outcome.raised(last)
     # A bare `raise SystemExit(n)` also lands here: invisible in-process on 3.11 (README,
-    # Limitations); `lifeguard run` knows the real status.
-    return Outcome.exited(0)
+    # Limitations); `lifeguard run` knows the real status, hence "assumed".
+    outcome = Outcome.exited(0)
+    outcome.assumed = True
+    return outcome

@@ -39,6 +39,7 @@ _ENV = {
     "deadline": "LIFEGUARD_DEADLINE",
     "mlflow": "LIFEGUARD_MLFLOW",
     "end_attached": "LIFEGUARD_END_ATTACHED",
+    "watchdog": "LIFEGUARD_WATCHDOG",
 }
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -48,7 +49,7 @@ _FALSE = {"0", "false", "no", "off", ""}
 class Options:
     """Validated install options (see README "Configuration")."""
 
-    __slots__ = ("signals", "deadline", "mlflow", "end_attached")
+    __slots__ = ("signals", "deadline", "mlflow", "end_attached", "watchdog")
     NAMES = __slots__
 
     def __init__(
@@ -57,11 +58,13 @@ class Options:
         deadline: float = DEFAULT_DEADLINE,
         mlflow: bool = True,
         end_attached: bool = False,
+        watchdog: bool = False,
     ) -> None:
         self.signals = signals
         self.deadline = deadline
         self.mlflow = mlflow
         self.end_attached = end_attached
+        self.watchdog = watchdog
 
     def as_dict(self) -> dict[str, object]:
         return {name: getattr(self, name) for name in self.NAMES}
@@ -101,7 +104,9 @@ class Options:
         use_mlflow = True if raw is None else _parse_bool(raw, origin)
         raw, origin = pick("end_attached")
         end_attached = False if raw is None else _parse_bool(raw, origin)
-        return cls(signals, deadline, use_mlflow, end_attached)
+        raw, origin = pick("watchdog")
+        watchdog = False if raw is None else _parse_bool(raw, origin)
+        return cls(signals, deadline, use_mlflow, end_attached, watchdog)
 
 
 def parse_signals(value: object, origin: str = "signals") -> tuple[int, ...]:

@@ -75,6 +75,8 @@ class Outcome:
         "signum",
         "time",
         "uncertain",
+        "assumed",
+        "detail",
     )
 
     def __init__(
@@ -88,6 +90,8 @@ class Outcome:
         exception_message: str | None = None,
         exit_message: str | None = None,
         uncertain: bool = False,
+        assumed: bool = False,
+        detail: str | None = None,
         time: float | None = None,
     ) -> None:
         self.kind = OutcomeKind(kind)
@@ -99,6 +103,11 @@ class Outcome:
         self.exit_message = exit_message
         # Set when the exit code is not really known (os._exit seen from outside, say).
         self.uncertain = uncertain
+        # Set when no hook saw the end and exit 0 was inferred: a bare `raise SystemExit(n)`
+        # looks the same. A supervisor that knows the real status may overrule it.
+        self.assumed = assumed
+        # Free text for the reason where the kind alone says too little (a guardian's view).
+        self.detail = detail
         self.time = _now() if time is None else float(time)
 
     def _key(self) -> tuple[object, ...]:
@@ -146,8 +155,8 @@ class Outcome:
         return cls(OutcomeKind.SIGNAL, signum=int(signum), time=at)
 
     @classmethod
-    def lost(cls, *, at: float | None = None) -> Outcome:
-        return cls(OutcomeKind.LOST, time=at)
+    def lost(cls, detail: str | None = None, *, at: float | None = None) -> Outcome:
+        return cls(OutcomeKind.LOST, detail=detail, time=at)
 
     @classmethod
     def from_wait_status(cls, returncode: int, *, at: float | None = None) -> Outcome:
@@ -193,7 +202,7 @@ class Outcome:
             text = f"{self.exception_type}: {self.exception_message}"
             return text[:MAX_REASON_CHARS]
         if self.kind is OutcomeKind.LOST:
-            return "process lost: no exit was observed"
+            return self.detail or "process lost: no exit was observed"
         if self.uncertain:
             return "exited; exit code unknown"
         if self.exit_message is not None:

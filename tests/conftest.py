@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import sys
 from pathlib import Path
@@ -63,8 +64,32 @@ def store(tmp_path: Path, template_db: Path) -> Store:
 
 def child_env(store: Store, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LIFEGUARD_", "MLFLOW_"))}
-    env.update(MLFLOW_TRACKING_URI=store.uri, PYTHONWARNINGS="ignore", **extra)
+    env.update(
+        MLFLOW_TRACKING_URI=store.uri,
+        LIFEGUARD_JOURNAL_DIR=str(store.path.parent / "journal"),
+        PYTHONWARNINGS="ignore",
+        **extra,
+    )
     return env
+
+
+def wait_gone(pid: int, timeout: float = 60.0) -> None:
+    """Wait for a process we are not the parent of (a watchdog, a reparented fork child)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        readable, _, _ = select.select([fd], [], [], timeout)
+    finally:
+        os.close(fd)
+    assert readable, f"process {pid} still alive after {timeout}s"
+
+
+@pytest.fixture(autouse=True)
+def _private_journal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Never touch the developer's real ~/.cache/lifeguard from a test.
+    monkeypatch.setenv("LIFEGUARD_JOURNAL_DIR", str(tmp_path / "journal"))
 
 
 class Scenario:

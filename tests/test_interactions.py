@@ -3,14 +3,12 @@ finalizers, impatient operators, nested and threaded runs, forked workers, expli
 
 from __future__ import annotations
 
-import os
-import select
 import signal
 import time
 
 import pytest
 
-from tests.conftest import Scenario, Store, child_env
+from tests.conftest import Scenario, Store, child_env, wait_gone
 
 pytestmark = pytest.mark.slow
 
@@ -103,20 +101,7 @@ def test_forked_children_never_run_the_parents_finalizers(scenario: Scenario, st
     assert scenario.calls() == [(result.ready["pid"], "KILLED")]
     for pid in result.ready["children"]:
         # The children got the same SIGINT; they must be gone, not left running.
-        _wait_gone(pid)
-
-
-def _wait_gone(pid: int, timeout: float = 30.0) -> None:
-    """Wait for a process we are not the parent of (it was reparented when our child died)."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    try:
-        readable, _, _ = select.select([fd], [], [], timeout)
-    finally:
-        os.close(fd)
-    assert readable, f"forked child {pid} still alive after {timeout}s"
+        wait_gone(pid)
 
 
 def test_finish_then_exit_runs_finalizers_once(scenario: Scenario, store: Store) -> None:

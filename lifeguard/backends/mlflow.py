@@ -15,13 +15,11 @@ from lifeguard._log import logger
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from lifeguard.guardian.channel import Channel
     from lifeguard.outcome import Outcome
     from lifeguard.owner import Owner
 
-__all__ = ["RUNNING", "TAG_ENDED_BY", "MlflowFinalizer"]
-
-TAG_ENDED_BY = "lifeguard.ended_by"
-RUNNING = "RUNNING"
+__all__ = ["MlflowFinalizer", "end_active_runs"]
 
 
 class MlflowFinalizer:
@@ -43,6 +41,7 @@ class MlflowFinalizer:
             end_attached=self.end_attached,
             attached=self.attached,
             ended_by="process",
+            defer_to=_supervisor_for(outcome),
         )
 
 
@@ -53,11 +52,18 @@ def end_active_runs(
     end_attached: bool,
     ended_by: str,
     attached: frozenset[str] = frozenset(),
+    defer_to: Channel | None = None,
 ) -> list[str]:
-    """End the active runs of every thread that this process owns. Returns their ids."""
-    from mlflow.entities import RunTag
+    """End the active runs of every thread that this process owns. Returns their ids.
+
+    With ``defer_to`` (a supervisor's channel), the runs are handed over instead: taken off
+    MLflow's stacks, so MLflow's own hook cannot call them FINISHED, and left for the
+    supervisor, which will know the real exit status."""
     from mlflow.tracking import MlflowClient
 
+    from lifeguard.backends import mlflow_runs
+    from lifeguard.finalizers import time_left
+    from lifeguard.guardian.journal import Journal
     from lifeguard.owner import Owner
 
     log = logger()
@@ -75,21 +81,40 @@ def end_active_runs(
     entries.sort(key=lambda entry: entry[1].info.start_time or 0, reverse=True)  # type: ignore[attr-defined]
 
     client = MlflowClient()
-    end_time = int(outcome.time * 1000)
-    tags = [RunTag(k, v) for k, v in {**outcome.tags(), TAG_ENDED_BY: ended_by}.items()]
-    ended = []
-    for stack, run in entries:
-        run_id: str = run.info.run_id  # type: ignore[attr-defined]
-        if not (end_attached or (run_id not in attached and _started_here(run, me))):
-            log.debug("lifeguard: leaving attached run %s alone", run_id)
-            continue
-        # Never overwrite a run the user already ended, e.g. with MlflowClient.set_terminated.
-        if client.get_run(run_id).info.status == RUNNING:
-            client.log_batch(run_id, tags=tags)
-            client.set_terminated(run_id, outcome.status.value, end_time=end_time)
-            ended.append(run_id)
-        _forget(fluent, stack, run, run_id)
+    journal = Journal()
+    ended: list[str] = []
+    deferred: list[str] = []
+    with mlflow_runs.bounded_http(time_left()):
+        for stack, run in entries:
+            run_id: str = run.info.run_id  # type: ignore[attr-defined]
+            if not (end_attached or (run_id not in attached and _started_here(run, me))):
+                log.debug("lifeguard: leaving attached run %s alone", run_id)
+                continue
+            if defer_to is not None:
+                deferred.append(run_id)
+            elif (
+                mlflow_runs.terminate(client, run_id, outcome, ended_by=ended_by, journal=journal)
+                == mlflow_runs.ENDED
+            ):
+                ended.append(run_id)
+            _forget(fluent, stack, run, run_id)
+    if defer_to is not None and deferred:
+        defer_to.send_uri(client.tracking_uri)
+        defer_to.send("defer", " ".join(deferred))
     return ended
+
+
+def _supervisor_for(outcome: Outcome) -> Channel | None:
+    """The supervisor to hand runs to, when the in-process outcome is only a guess (no hook saw
+    the end: `raise SystemExit(n)` looks like a clean return) and a supervisor knows better."""
+    if not outcome.assumed:
+        return None
+    from lifeguard import api
+    from lifeguard.guardian.channel import SUPERVISOR
+
+    lifecycle = api.current()
+    channel = lifecycle.channel if lifecycle is not None else None
+    return channel if channel is not None and channel.role == SUPERVISOR else None
 
 
 def _started_here(run: object, me: Owner) -> bool:

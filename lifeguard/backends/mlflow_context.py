@@ -32,6 +32,11 @@ class OwnerRunContext(RunContextProvider):
         lifecycle = api.current()
         if lifecycle is not None:
             lifecycle.hooks.move_atexit_to_front()
+            if lifecycle.channel is not None:
+                import mlflow
+
+                # The guardian needs the store to look in should this process die unheard.
+                lifecycle.channel.send_uri(mlflow.get_tracking_uri())
         if _owner is None or _owner.pid != os.getpid():  # a forked child is a new owner
             _owner = Owner.current()
         return _owner.tags()

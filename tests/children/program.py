@@ -16,7 +16,7 @@ import threading
 from lifeguard import demo
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--path", required=True, choices=list(demo.PATHS))
+parser.add_argument("--path", required=True, choices=[*demo.PATHS, *demo.DEATHS])
 parser.add_argument(
     "--order",
     choices=["before", "after", "none"],
@@ -40,6 +40,7 @@ parser.add_argument("--with-block", action="store_true", help="run ended by a wi
 parser.add_argument("--user-ended", action="store_true", help="user ends the run via the client")
 parser.add_argument("--attach", action="store_true", help="MLFLOW_RUN_ID names the run to use")
 parser.add_argument("--end-attached", action="store_true")
+parser.add_argument("--watchdog", action="store_true", help="install(watchdog=True)")
 parser.add_argument("--async-metrics", type=int, default=0, help="queue N metrics asynchronously")
 args = parser.parse_args()
 
@@ -66,6 +67,8 @@ if args.order != "none":
         options["deadline"] = args.deadline
     if args.end_attached:
         options["end_attached"] = True
+    if args.watchdog:
+        options["watchdog"] = True
     lifeguard.install(**options)
 
     if args.record:
@@ -157,5 +160,10 @@ if args.fork:
 if args.finish_first:
     lifeguard.finish()
 
-demo.announce(run_ids=run_ids, pid=os.getpid(), children=children)
+guardian = None
+if args.order != "none":
+    from lifeguard import api
+
+    guardian = api.current().guardian_pid  # type: ignore[union-attr]
+demo.announce(run_ids=run_ids, pid=os.getpid(), children=children, watchdog=guardian)
 demo.enact(args.path)

@@ -1,0 +1,179 @@
+"""Ending MLflow runs against a tracking store: bounded in time, never overwriting, journaled.
+
+Used by every layer that ends runs: the in-process finalizer, the watchdog, the supervisor and
+``lifeguard sweep``. Importing this module imports mlflow; import it only when there is work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+from mlflow.entities import RunTag, ViewType
+from mlflow.tracking import MlflowClient
+
+from lifeguard._log import logger
+from lifeguard.guardian.journal import Entry, Journal, JournalError, redact_uri
+from lifeguard.owner import TAG_PID, Owner
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from lifeguard.outcome import Outcome
+
+__all__ = [
+    "RUNNING",
+    "TAG_ENDED_BY",
+    "bounded_http",
+    "find_running_owned_by",
+    "replay_journal",
+    "terminate",
+]
+
+RUNNING = "RUNNING"
+TAG_ENDED_BY = "lifeguard.ended_by"
+
+# Results of terminate() / replay.
+ENDED = "ended"
+ALREADY_ENDED = "already ended"
+JOURNALED = "journaled"
+
+
+@contextlib.contextmanager
+def bounded_http(seconds: float | None) -> Iterator[None]:
+    """Cut MLflow's HTTP client down for the final calls: no retries (by default 7, with a
+    backoff that kept a dead server's end_run going for 247 s) and a timeout that fits the time
+    left. MLflow reads these variables at every call, so setting them here takes effect now."""
+    if seconds is None:
+        yield
+        return
+    wanted = {
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
+        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "0",
+        # An int, in whole seconds, for MLflow; at least 1 or requests would never connect.
+        "MLFLOW_HTTP_REQUEST_TIMEOUT": str(max(1, int(seconds))),
+    }
+    saved = {key: os.environ.get(key) for key in wanted}
+    os.environ.update(wanted)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def terminate(
+    client: MlflowClient,
+    run_id: str,
+    outcome: Outcome,
+    *,
+    ended_by: str,
+    journal: Journal | None = None,
+) -> str:
+    """End one run with ``outcome`` unless it is no longer RUNNING. Returns ENDED,
+    ALREADY_ENDED or JOURNALED (the server could not be reached; the entry stays on disk)."""
+    tags = {**outcome.tags(), TAG_ENDED_BY: ended_by}
+    entry = Entry(run_id, client.tracking_uri, outcome.status.value, _ms(outcome.time), tags)
+    return apply(client, entry, journal=journal, write_ahead=True)
+
+
+def apply(client: MlflowClient, entry: Entry, *, journal: Journal | None, write_ahead: bool) -> str:
+    if journal is not None and write_ahead:
+        try:
+            journal.write(entry)
+        except (OSError, JournalError) as exc:
+            logger().error("lifeguard: cannot journal run %s: %s", entry.run_id, exc)
+    try:
+        # Never overwrite a run somebody already ended (the user, another guardian).
+        if client.get_run(entry.run_id).info.status != RUNNING:
+            result = ALREADY_ENDED
+        else:
+            client.log_batch(entry.run_id, tags=[RunTag(k, v) for k, v in entry.tags.items()])
+            client.set_terminated(entry.run_id, entry.status, end_time=entry.end_time)
+            result = ENDED
+    except Exception as exc:  # noqa: BLE001 - any failure to reach the store means: keep it
+        where = f"; kept in the journal ({entry.path})" if entry.path else ""
+        logger().warning(
+            "lifeguard: could not end run %s as %s at %s: %s%s",
+            entry.run_id,
+            entry.status,
+            client.tracking_uri,
+            _first_line(exc),
+            where,
+        )
+        return JOURNALED if entry.path else "failed"
+    if journal is not None:
+        journal.remove(entry)
+    return result
+
+
+def replay_journal(
+    journal: Journal, *, tracking_uri: str | None = None, budget: float | None = 30.0
+) -> dict[str, int]:
+    """Write every journaled status whose server answers. With ``tracking_uri``, only that
+    server's entries. A server that fails once is not asked again in this replay."""
+    counts = {ENDED: 0, ALREADY_ENDED: 0, JOURNALED: 0}
+    clients: dict[str, MlflowClient] = {}
+    dead: set[str] = set()
+    with bounded_http(budget):
+        for entry in journal.entries():
+            if tracking_uri is not None and entry.tracking_uri != redact_uri(tracking_uri):
+                continue
+            uri = tracking_uri or entry.tracking_uri
+            if uri in dead:
+                counts[JOURNALED] += 1
+                continue
+            client = clients.get(uri) or clients.setdefault(uri, MlflowClient(tracking_uri=uri))
+            result = apply(client, entry, journal=journal, write_ahead=False)
+            if result == JOURNALED:
+                dead.add(uri)
+            counts[result] = counts.get(result, 0) + 1
+    if counts[ENDED] or counts[ALREADY_ENDED]:
+        logger().info("lifeguard: journal replay: %s", counts)
+    return counts
+
+
+def find_running_owned_by(client: MlflowClient, owner: Owner) -> list[str]:
+    """Ids of the RUNNING runs whose owner tags name ``owner``, across all experiments."""
+    experiment_ids: list[str] = []
+    token = None
+    while True:
+        page = client.search_experiments(view_type=ViewType.ACTIVE_ONLY, page_token=token)
+        experiment_ids.extend(e.experiment_id for e in page)
+        token = page.token
+        if not token:
+            break
+    query = f"tags.`{TAG_PID}` = '{owner.pid}' and attributes.status = '{RUNNING}'"
+    found = []
+    # MLflow caps the experiments per search request; ask in slices.
+    for start in range(0, len(experiment_ids), 100):
+        token = None
+        while True:
+            runs = client.search_runs(
+                experiment_ids[start : start + 100],
+                filter_string=query,
+                run_view_type=ViewType.ACTIVE_ONLY,
+                max_results=1000,
+                page_token=token,
+            )
+            for run in runs:
+                tagged = Owner.from_tags(dict(run.data.tags))
+                if tagged is not None and tagged.same_process(owner):
+                    found.append(run.info.run_id)
+            token = runs.token
+            if not token:
+                break
+    return found
+
+
+def _ms(seconds: float) -> int:
+    return int(seconds * 1000)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"

@@ -1,0 +1,129 @@
+"""The channel from a program to its guardian: an inherited pipe, never a port.
+
+The program writes one line per event, ``<pid> <start_time> <verb> [arg]``; a write of under
+PIPE_BUF bytes is atomic, so several processes (a supervised job's ranks) can share one pipe.
+
+verbs:
+  ``uri <tracking uri>``  a run was started against this store (user-info stripped)
+  ``done``                in-process finalization finished: nothing left for the guardian
+  ``defer <run id>...``   runs handed to the guardian, which knows the exact exit status
+  ``exit <n>``            ``os._exit(n)`` is being called
+
+and the guardian also reads what ``faulthandler`` writes there on a crash ("Fatal Python error:
+Segmentation fault"), which is how a segfault is told apart from a SIGKILL.
+
+The pipe is identified by its inode as well as its fd number, carried in ``LIFEGUARD_GUARDIAN``:
+a descendant that inherited the variable but not the fd (subprocess closes fds) must never write
+into whatever file now has that number.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+__all__ = ["CRASHES", "ENV", "Channel", "Message", "parse_line"]
+
+ENV = "LIFEGUARD_GUARDIAN"
+WATCHDOG = "watchdog"
+SUPERVISOR = "supervisor"
+
+# faulthandler's description of each fatal signal -> the signal's name.
+CRASHES = {
+    "Segmentation fault": "SIGSEGV",
+    "Bus error": "SIGBUS",
+    "Floating point exception": "SIGFPE",
+    "Illegal instruction": "SIGILL",
+    "Aborted": "SIGABRT",
+}
+FATAL_PREFIX = "Fatal Python error: "
+
+
+class Channel:
+    """The program's end of the pipe."""
+
+    def __init__(self, fd: int, role: str) -> None:
+        self.fd = fd
+        self.role = role
+        self._identity: tuple[int, str] | None = None
+        self._sent_uris: set[str] = set()
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | os._Environ[str] | None = None) -> Channel | None:
+        """The channel a supervisor handed down, if its fd is really that pipe in this process."""
+        value = (os.environ if environ is None else environ).get(ENV)
+        if not value:
+            return None
+        try:
+            fd_text, inode_text, role = value.split(":")
+            fd, inode = int(fd_text), int(inode_text)
+            st = os.fstat(fd)
+        except (ValueError, OSError):
+            return None
+        if not stat.S_ISFIFO(st.st_mode) or st.st_ino != inode:
+            return None
+        return cls(fd, role)
+
+    def env_value(self) -> str:
+        return f"{self.fd}:{os.fstat(self.fd).st_ino}:{self.role}"
+
+    def send(self, verb: str, arg: str = "") -> bool:
+        """Best effort, never blocking: a guardian that stopped reading must not hang us."""
+        from lifeguard.owner import process_start_time
+
+        pid = os.getpid()
+        if self._identity is None or self._identity[0] != pid:
+            start = process_start_time(pid)
+            self._identity = (pid, f"{start:.2f}" if start is not None else "0")
+        line = f"{pid} {self._identity[1]} {verb} {arg}".rstrip() + "\n"
+        data = line.encode("utf-8", "replace")[: _PIPE_BUF - 1]
+        try:
+            os.set_blocking(self.fd, False)
+            return os.write(self.fd, data) == len(data)
+        except OSError:
+            return False
+
+    def send_uri(self, uri: str) -> None:
+        from lifeguard.guardian.journal import redact_uri
+
+        uri = redact_uri(uri)
+        key = f"{os.getpid()} {uri}"
+        if key not in self._sent_uris:
+            self._sent_uris.add(key)
+            self.send("uri", uri)
+
+    def close(self) -> None:
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+
+
+_PIPE_BUF = 4096  # POSIX guarantees atomic pipe writes of at least 512; Linux gives 4096
+
+
+class Message:
+    __slots__ = ("pid", "start_time", "verb", "arg")
+
+    def __init__(self, pid: int, start_time: float, verb: str, arg: str) -> None:
+        self.pid = pid
+        self.start_time = start_time
+        self.verb = verb
+        self.arg = arg
+
+    def __repr__(self) -> str:
+        return f"Message({self.pid}, {self.verb!r}, {self.arg!r})"
+
+
+def parse_line(line: str) -> Message | str | None:
+    """A Message, a crash signal's name (from faulthandler's output), or None (other text)."""
+    if line.startswith(FATAL_PREFIX):
+        return CRASHES.get(line[len(FATAL_PREFIX) :].strip())
+    parts = line.rstrip("\n").split(" ", 3)
+    if len(parts) < 3:
+        return None
+    try:
+        pid, start = int(parts[0]), float(parts[1])
+    except ValueError:
+        return None
+    return Message(pid, start, parts[2], parts[3] if len(parts) > 3 else "")

@@ -1,0 +1,216 @@
+"""The watchdog sidecar: a small process that ends the program's runs if the program cannot.
+
+``install(watchdog=True)`` starts it. It sleeps in ``select`` on two things that need no
+polling: the read end of the channel pipe (EOF when every writer is gone) and a pidfd of the
+program (readable the moment it exits, even if forked children still hold the pipe). Idle it
+uses no CPU and only an interpreter's memory: mlflow is imported only if there is work.
+
+When the program dies: if it said ``done``, or never started a run, the watchdog just exits.
+Otherwise it ends the program's RUNNING runs, found by their owner tags, with the status the
+evidence supports: ``exit <n>`` from the os._exit wrapper, a crash from faulthandler's text,
+and otherwise KILLED (SIGKILL, the OOM killer). The end time is the moment of death.
+
+It runs in its own session, so a Ctrl-C or a signal to the job's process group does not reach
+it, and it gets credentials only from the environment it inherited.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import sys
+import time
+
+from lifeguard.guardian.channel import ENV, WATCHDOG, Channel, Message, parse_line
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from lifeguard.outcome import Outcome
+
+__all__ = ["Evidence", "main", "start"]
+
+
+def start(deadline: float) -> tuple[Channel, int]:
+    """Start the watchdog for this process. Returns the channel and the watchdog's pid."""
+    import subprocess
+
+    read_fd, write_fd = os.pipe()
+    try:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "lifeguard.guardian.watchdog",
+                str(read_fd),
+                str(os.getpid()),
+                str(deadline),
+            ],
+            pass_fds=(read_fd,),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+            # The watchdog must not think it is supervised by our own channel.
+            env={k: v for k, v in os.environ.items() if k != ENV},
+        )
+    finally:
+        os.close(read_fd)
+    # The Popen object is dropped on purpose: the watchdog outlives us, and waiting for it
+    # would defeat its purpose. While we live it does not exit, so it leaves no zombie.
+    return Channel(write_fd, WATCHDOG), proc.pid
+
+
+class Evidence:
+    """What the program told its guardian before it died, per process."""
+
+    def __init__(self) -> None:
+        self.uris: dict[int, str] = {}
+        self.start_times: dict[int, float] = {}
+        self.done: set[int] = set()
+        self.exit_codes: dict[int, int] = {}
+        self.deferred: dict[int, list[str]] = {}
+        self.crash: str | None = None  # signal name from faulthandler's text
+        self._partial = b""
+
+    def feed(self, data: bytes) -> None:
+        lines = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()
+        for raw in lines:
+            self.take(parse_line(raw.decode("utf-8", "replace")))
+
+    def take(self, item: Message | str | None) -> None:
+        if isinstance(item, str):
+            self.crash = item
+            return
+        if item is None:
+            return
+        pid = item.pid
+        self.start_times.setdefault(pid, item.start_time)
+        if item.verb == "uri":
+            self.uris[pid] = item.arg
+            self.done.discard(pid)  # a run started after finish(): there is work again
+        elif item.verb == "done":
+            self.done.add(pid)
+        elif item.verb == "exit":
+            try:
+                self.exit_codes[pid] = int(item.arg)
+            except ValueError:
+                pass
+        elif item.verb == "defer":
+            self.deferred.setdefault(pid, []).extend(item.arg.split())
+
+    def pending(self) -> list[int]:
+        """Processes that started runs and did not report them finished."""
+        return [pid for pid in self.uris if pid not in self.done or pid in self.deferred]
+
+
+def watch(read_fd: int, parent: int) -> tuple[Evidence, float]:
+    """Block until the parent is gone; return what it said and the time of death."""
+    evidence = Evidence()
+    try:
+        pidfd: int | None = os.pidfd_open(parent)
+    except (AttributeError, OSError):  # no pidfd (old kernel) or parent already gone
+        pidfd = None
+    watched = [read_fd] + ([pidfd] if pidfd is not None else [])
+    while True:
+        readable, _, _ = select.select(watched, [], [])
+        if read_fd in readable:
+            data = os.read(read_fd, 65536)
+            if not data:
+                break  # EOF: every writer is gone
+            evidence.feed(data)
+        if pidfd is not None and pidfd in readable:
+            break
+    died_at = time.time()
+    # The parent is dead: whatever it wrote is already in the pipe. Drain without blocking
+    # (forked children may keep the write end open for a long while).
+    os.set_blocking(read_fd, False)
+    try:
+        while data := os.read(read_fd, 65536):
+            evidence.feed(data)
+    except BlockingIOError:
+        pass
+    return evidence, died_at
+
+
+def decide(evidence: Evidence, pid: int, died_at: float) -> Outcome:
+    from lifeguard.outcome import Outcome
+
+    if pid in evidence.exit_codes:
+        return Outcome.exited(evidence.exit_codes[pid], at=died_at)
+    if evidence.crash is not None:
+        return Outcome.signalled(getattr(signal, evidence.crash), at=died_at)
+    return Outcome.lost(
+        "died without running its exit hooks (SIGKILL, the OOM killer, or a hang cut short)",
+        at=died_at,
+    )
+
+
+def finalize_leftovers(
+    evidence: Evidence,
+    outcomes: dict[int, Outcome],
+    *,
+    ended_by: str,
+    deadline: float,
+) -> dict[str, str]:
+    """End every run the dead processes left RUNNING. Returns run id -> result."""
+    import socket
+
+    from mlflow.tracking import MlflowClient
+
+    from lifeguard.backends import mlflow_runs
+    from lifeguard.guardian.journal import Journal
+    from lifeguard.owner import Owner
+
+    results: dict[str, str] = {}
+    journal = Journal()
+    with mlflow_runs.bounded_http(deadline):
+        for pid in evidence.pending():
+            outcome = outcomes[pid]
+            client = MlflowClient(tracking_uri=evidence.uris[pid])
+            if pid in evidence.deferred:
+                run_ids = evidence.deferred[pid]
+            else:
+                owner = Owner(socket.gethostname(), pid, evidence.start_times[pid])
+                try:
+                    run_ids = mlflow_runs.find_running_owned_by(client, owner)
+                except Exception as exc:  # noqa: BLE001 - report and go on with the others
+                    from lifeguard._log import logger
+
+                    logger().error(
+                        "lifeguard %s: cannot search %s for the runs of pid %d: %s; "
+                        "`lifeguard sweep` will find them by their owner tags",
+                        ended_by,
+                        client.tracking_uri,
+                        pid,
+                        exc,
+                    )
+                    continue
+            for run_id in run_ids:
+                results[run_id] = mlflow_runs.terminate(
+                    client,
+                    run_id,
+                    outcome,
+                    ended_by=ended_by,
+                    journal=journal,
+                )
+    return results
+
+
+def main(argv: list[str]) -> int:
+    read_fd, parent, deadline = int(argv[0]), int(argv[1]), float(argv[2])
+    # Our own session already keeps the job's Ctrl-C away; a stray SIGHUP from a closing
+    # terminal must not take the guardian down with the program either.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    evidence, died_at = watch(read_fd, parent)
+    pending = evidence.pending()
+    if not pending:
+        return 0  # the program finalized itself, or never started a run: nothing to import
+    outcomes = {pid: decide(evidence, pid, died_at) for pid in pending}
+    finalize_leftovers(evidence, outcomes, ended_by="watchdog", deadline=deadline)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
