@@ -1,4 +1,5 @@
-"""``python -m lifeguard``: the same commands as the ``lifeguard`` command."""
+"""``python -m lifeguard``: the same commands as ``lifeguard``, or ``python -m lifeguard
+script.py ARGS`` to run a script under supervision, exactly as ``python script.py ARGS``."""
 
 import sys
 

@@ -136,12 +136,15 @@ def run_child(
     timeout: float = 60.0,
     new_session: bool = True,
     to_group: bool = False,
+    to_ready_pid: bool = False,
     on_line: Mapping[str, int] | None = None,
 ) -> ChildResult:
     """Start ``cmd``, wait for its ready line, send ``send`` signals in order, then wait for it.
 
-    ``on_line`` maps a marker printed by the child later (e.g. ``"FINALIZING"``) to a signal to
-    send when it appears: the way to hit a window such as "during finalization" without sleeps.
+    ``to_ready_pid`` sends the signals to the pid the ready line names (the program under a
+    supervisor) instead of the process started. ``on_line`` maps a marker printed by the child
+    later (e.g. ``"FINALIZING"``) to a signal to send when it appears: the way to hit a window
+    such as "during finalization" without sleeps.
     Every wait is bounded by ``timeout``; on expiry the child is killed and ChildError raised.
     """
     started = time.monotonic()
@@ -164,6 +167,8 @@ def run_child(
         try:
             if to_group:
                 os.killpg(proc.pid, sig)
+            elif to_ready_pid:
+                os.kill(int(ready["pid"]), sig)  # type: ignore[call-overload]
             else:
                 proc.send_signal(sig)
         except ProcessLookupError:

@@ -53,8 +53,9 @@ def _thread_name() -> str:
 def die_by_signal(signum: int) -> None:
     """End the process by ``signum``'s default action, as if nobody had caught it."""
     try:
-        _signal.signal(signum, _signal.SIG_DFL)
-        _signal.pthread_sigmask(_signal.SIG_UNBLOCK, {signum})
+        if signum != _signal.SIGKILL:  # SIGKILL's disposition is always the default
+            _signal.signal(signum, _signal.SIG_DFL)
+            _signal.pthread_sigmask(_signal.SIG_UNBLOCK, {signum})
         _signal.raise_signal(signum)
     finally:
         # Only reached if the default action did not end the process (it always does for the

@@ -104,9 +104,13 @@ class Scenario:
         *args: str,
         send: tuple[int, ...] = (),
         env: dict[str, str] | None = None,
+        launcher: tuple[str, ...] = (),
         **kwargs: object,
     ) -> ChildResult:
-        cmd = [sys.executable, str(CHILDREN / "program.py"), "--record", str(self.record), *args]
+        """``launcher`` goes before the program, e.g. ``("-m", "lifeguard", "run", "--",
+        sys.executable)`` to run it under the supervisor."""
+        program = [str(CHILDREN / "program.py"), "--record", str(self.record), *args]
+        cmd = [sys.executable, *launcher, *program] if launcher else [sys.executable, *program]
         return run_child(
             cmd,
             env=env or child_env(self.store),

@@ -41,10 +41,17 @@ parser.add_argument("--user-ended", action="store_true", help="user ends the run
 parser.add_argument("--attach", action="store_true", help="MLFLOW_RUN_ID names the run to use")
 parser.add_argument("--end-attached", action="store_true")
 parser.add_argument("--watchdog", action="store_true", help="install(watchdog=True)")
+parser.add_argument("--bare-exit", type=int, help="end with a bare `raise SystemExit(N)`")
 parser.add_argument("--async-metrics", type=int, default=0, help="queue N metrics asynchronously")
 args = parser.parse_args()
 
 demo.prepare(args.path)
+
+
+def lifeguard_preinstalled() -> bool:
+    """Under `lifeguard run` the hooks are already in (autoboot); the program is unedited."""
+    return os.environ.get("LIFEGUARD_AUTOINSTALL") == "1"
+
 
 if args.user_sigterm:
 
@@ -59,7 +66,7 @@ if args.user_sigterm:
 if args.order == "before":
     import mlflow
 
-if args.order != "none":
+if args.order != "none" and not lifeguard_preinstalled():
     import lifeguard
 
     options: dict[str, object] = {}
@@ -161,9 +168,11 @@ if args.finish_first:
     lifeguard.finish()
 
 guardian = None
-if args.order != "none":
+if args.order != "none" and not lifeguard_preinstalled():
     from lifeguard import api
 
     guardian = api.current().guardian_pid  # type: ignore[union-attr]
 demo.announce(run_ids=run_ids, pid=os.getpid(), children=children, watchdog=guardian)
+if args.bare_exit is not None:
+    raise SystemExit(args.bare_exit)
 demo.enact(args.path)
