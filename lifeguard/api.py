@@ -24,6 +24,8 @@ _current: Lifecycle | None = None
 _mlflow_handle: Handle | None = None
 _fork_hook_registered = False
 _faulthandler_ours = False
+# The background replay of journaled statuses started by install(), if there was anything.
+replay_thread: object | None = None
 
 
 def current() -> Lifecycle | None:
@@ -60,6 +62,7 @@ def install(**options: object) -> None:
         lifecycle.hooks.install(parsed.signals)  # raises before any state changes
         _current = lifecycle
         _connect_guardian(lifecycle)
+        _replay_journal_in_background()
         if parsed.mlflow and _mlflow_handle is None:
             import os
 
@@ -98,6 +101,34 @@ def _connect_guardian(lifecycle: Lifecycle) -> None:
             global _faulthandler_ours
             faulthandler.enable(file=channel.fd, all_threads=False)
             _faulthandler_ours = True
+
+
+def _replay_journal_in_background() -> None:
+    """Statuses an earlier process on this machine could not write (server down) are written
+    now, in a daemon thread: install() never waits on the network."""
+    global replay_thread
+    from lifeguard.guardian.journal import Journal
+
+    journal = Journal()
+    if not journal.has_entries():  # one directory listing: the common case costs ~10 us
+        return
+    import threading
+
+    def replay() -> None:
+        try:
+            from lifeguard.backends.mlflow_runs import replay_journal
+        except ImportError:
+            return  # no mlflow here; `lifeguard sweep` elsewhere will do it
+        try:
+            replay_journal(journal, budget=10.0)
+        except Exception as exc:  # noqa: BLE001 - never disturb the program over the journal
+            from lifeguard._log import logger
+
+            logger().warning("lifeguard: journal replay failed: %s", exc)
+
+    thread = threading.Thread(target=replay, name="lifeguard-journal-replay", daemon=True)
+    thread.start()
+    replay_thread = thread
 
 
 def uninstall() -> None:

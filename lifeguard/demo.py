@@ -19,7 +19,7 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
 __all__ = ["PATHS", "ChildResult", "enact", "main", "run_child"]
 
@@ -138,13 +138,15 @@ def run_child(
     to_group: bool = False,
     to_ready_pid: bool = False,
     on_line: Mapping[str, int] | None = None,
+    after_ready: Callable[[], object] | None = None,
 ) -> ChildResult:
     """Start ``cmd``, wait for its ready line, send ``send`` signals in order, then wait for it.
 
     ``to_ready_pid`` sends the signals to the pid the ready line names (the program under a
     supervisor) instead of the process started. ``on_line`` maps a marker printed by the child
     later (e.g. ``"FINALIZING"``) to a signal to send when it appears: the way to hit a window
-    such as "during finalization" without sleeps.
+    such as "during finalization" without sleeps. ``after_ready`` is called once the ready line
+    is read, before any signal: the moment to break something (a server) under the child.
     Every wait is bounded by ``timeout``; on expiry the child is killed and ChildError raised.
     """
     started = time.monotonic()
@@ -198,6 +200,8 @@ def run_child(
         if not ready_event.wait(timeout):
             raise ChildError(f"no ready line within {timeout}s from {cmd}")
         if ready:
+            if after_ready is not None:
+                after_ready()
             for sig in send:
                 kill(sig)
         if close_stdin_after_signals and proc.stdin is not None:

@@ -68,8 +68,8 @@ def child_env(store: Store, **extra: str) -> dict[str, str]:
         MLFLOW_TRACKING_URI=store.uri,
         LIFEGUARD_JOURNAL_DIR=str(store.path.parent / "journal"),
         PYTHONWARNINGS="ignore",
-        **extra,
     )
+    env.update(extra)
     return env
 
 

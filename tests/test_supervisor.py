@@ -54,7 +54,10 @@ def test_bare_system_exit_is_known_exactly(
 def test_signals_to_the_supervisor_reach_the_program(
     scenario: Scenario, store: Store, sig: int
 ) -> None:
-    result = scenario.run("--path", "SIGTERM", send=(sig,), launcher=RUN, new_session=True)
+    # stdin stays open: the program must be ended by the forwarded signal, not by EOF.
+    result = scenario.run(
+        "--path", "SIGTERM", send=(sig,), launcher=RUN, close_stdin_after_signals=False
+    )
     assert result.returncode == -sig
     [run_id] = result.ready["run_ids"]
     run = store.run(run_id)

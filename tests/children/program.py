@@ -41,6 +41,8 @@ parser.add_argument("--user-ended", action="store_true", help="user ends the run
 parser.add_argument("--attach", action="store_true", help="MLFLOW_RUN_ID names the run to use")
 parser.add_argument("--end-attached", action="store_true")
 parser.add_argument("--watchdog", action="store_true", help="install(watchdog=True)")
+parser.add_argument("--wait-replay", action="store_true", help="join install()'s journal replay")
+parser.add_argument("--wait-stdin", action="store_true", help="wait for stdin EOF, then exit")
 parser.add_argument("--bare-exit", type=int, help="end with a bare `raise SystemExit(N)`")
 parser.add_argument("--async-metrics", type=int, default=0, help="queue N metrics asynchronously")
 args = parser.parse_args()
@@ -105,6 +107,12 @@ if args.order != "none" and not lifeguard_preinstalled():
             threading.Event().wait()
 
         lifeguard.register(block, name="block")
+
+if args.wait_replay:
+    from lifeguard import api as _api
+
+    assert _api.replay_thread is not None, "install() found no journal to replay"
+    _api.replay_thread.join(120)  # type: ignore[attr-defined]
 
 import mlflow  # noqa: E402  (the "after" order: imported only now)
 from mlflow.tracking import MlflowClient  # noqa: E402
@@ -173,6 +181,8 @@ if args.order != "none" and not lifeguard_preinstalled():
 
     guardian = api.current().guardian_pid  # type: ignore[union-attr]
 demo.announce(run_ids=run_ids, pid=os.getpid(), children=children, watchdog=guardian)
+if args.wait_stdin:
+    sys.stdin.read()  # the parent breaks something meanwhile, then closes our stdin
 if args.bare_exit is not None:
     raise SystemExit(args.bare_exit)
 demo.enact(args.path)
