@@ -59,7 +59,8 @@ def install(**options: object) -> None:
             return
         _ensure_fork_hook()
         lifecycle = Lifecycle(parsed, _registry)
-        lifecycle.hooks.install(parsed.signals)  # raises before any state changes
+        # Raises (wrong thread) before any state changes.
+        lifecycle.hooks.install(parsed.signals, blocked_grace=parsed.blocked_grace)
         _current = lifecycle
         _connect_guardian(lifecycle)
         _replay_journal_in_background()
@@ -182,6 +183,8 @@ def _after_fork_in_child() -> None:
     held the locks at the moment of fork."""
     global _registry, _current, _mlflow_handle, _lock
     lifecycle = _current
+    if lifecycle is not None and lifecycle.hooks.blocked is not None:
+        lifecycle.hooks.blocked.after_fork_in_child()
     if lifecycle is not None and lifecycle.channel is not None:
         from lifeguard.guardian.channel import WATCHDOG
 

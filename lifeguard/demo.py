@@ -47,6 +47,7 @@ DEATHS: dict[str, tuple[str, int | None]] = {
     "os._exit(0)": ("os._exit(0)", None),
     "os._exit(5)": ("os._exit(5)", None),
     "segfault": ("a segfault in C code", None),
+    "blocked in C": ("SIGTERM while the main thread is stuck in a C call", signal.SIGTERM),
 }
 
 # Paths on which the child waits (on stdin) for the parent's signal, then returns on EOF.
@@ -80,6 +81,14 @@ def enact(path: str) -> None:
         import ctypes
 
         ctypes.string_at(0)  # reads address 0: SIGSEGV in C, no Python code runs after it
+    if path == "blocked in C":
+        import ctypes
+
+        # libc sleep() is restarted by nothing Python does: the main thread stays in C,
+        # as in a collective that never completes.
+        libc = ctypes.CDLL(None)
+        while True:
+            libc.sleep(600)
     if path == "sys.exit(0)":
         sys.exit(0)
     if path == "sys.exit()":

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from types import FrameType, TracebackType
 
+    from lifeguard.blocked import BlockedMainThread
     from lifeguard.lifecycle import Lifecycle
 
     Handler = Callable[[int, FrameType | None], object] | int | None
@@ -92,10 +93,11 @@ class ProcessHooks:
         # The signal whose chained handler is running now: a sys.exit() made from inside it
         # (Ray's SIGTERM handler calls sys.exit(1)) is that signal's doing, not a plain exit.
         self._in_handler_for: int | None = None
+        self.blocked: BlockedMainThread | None = None
 
     # -- install / uninstall -----------------------------------------------------------------
 
-    def install(self, signals: tuple[int, ...]) -> None:
+    def install(self, signals: tuple[int, ...], blocked_grace: float = 0.0) -> None:
         # Signals first: they are what can fail (wrong thread), and nothing else is touched then.
         for signum in signals:
             previous = _signal.getsignal(signum)
@@ -115,6 +117,14 @@ class ProcessHooks:
                     "sys.exit."
                 ) from None
             self._saved_signals[signum] = previous
+        takeover = frozenset(
+            s for s, prev in self._saved_signals.items() if prev == _signal.SIG_DFL
+        )
+        if takeover and blocked_grace > 0:
+            from lifeguard.blocked import BlockedMainThread
+
+            self.blocked = BlockedMainThread(self._lifecycle, takeover, blocked_grace)
+            self.blocked.start()
         atexit.register(self._atexit)
         self._saved_excepthook = sys.excepthook
         sys.excepthook = self._excepthook
@@ -160,6 +170,9 @@ class ProcessHooks:
                 setattr(builtins, name, original)
         if is_main_thread():
             self._restore_signals()
+            if self.blocked is not None:
+                self.blocked.stop()
+                self.blocked = None
 
     def _restore_signals(self) -> None:
         for signum, previous in self._saved_signals.items():
@@ -207,7 +220,14 @@ class ProcessHooks:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         previous = self._saved_signals.get(signum, _signal.SIG_DFL)
         lifecycle = self._lifecycle
+        blocked = self.blocked
+        if blocked is not None and signum in blocked.takeover:
+            blocked.acknowledge()
         if lifecycle.is_finalizing() and lifecycle.owns_process():
+            if blocked is not None and blocked.taken_over == signum:
+                # Back from a long C call while the helper finalizes for this very signal:
+                # let it finish rather than cut it short.
+                blocked.wait_for_take_over(lifecycle.options.deadline + 1.0)
             # A second SIGINT/SIGTERM while finalizers run: the sender means it. Die now.
             die_by_signal(signum)
         active = lifecycle.owns_process() and lifecycle.is_installed()

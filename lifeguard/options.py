@@ -40,7 +40,11 @@ _ENV = {
     "mlflow": "LIFEGUARD_MLFLOW",
     "end_attached": "LIFEGUARD_END_ATTACHED",
     "watchdog": "LIFEGUARD_WATCHDOG",
+    "blocked_grace": "LIFEGUARD_BLOCKED_GRACE",
 }
+
+# How long a helper thread waits for a main thread stuck in C before finalizing for it.
+DEFAULT_BLOCKED_GRACE = 1.0
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -49,7 +53,7 @@ _FALSE = {"0", "false", "no", "off", ""}
 class Options:
     """Validated install options (see README "Configuration")."""
 
-    __slots__ = ("signals", "deadline", "mlflow", "end_attached", "watchdog")
+    __slots__ = ("signals", "deadline", "mlflow", "end_attached", "watchdog", "blocked_grace")
     NAMES = __slots__
 
     def __init__(
@@ -59,12 +63,14 @@ class Options:
         mlflow: bool = True,
         end_attached: bool = False,
         watchdog: bool = False,
+        blocked_grace: float = DEFAULT_BLOCKED_GRACE,
     ) -> None:
         self.signals = signals
         self.deadline = deadline
         self.mlflow = mlflow
         self.end_attached = end_attached
         self.watchdog = watchdog
+        self.blocked_grace = blocked_grace
 
     def as_dict(self) -> dict[str, object]:
         return {name: getattr(self, name) for name in self.NAMES}
@@ -106,7 +112,9 @@ class Options:
         end_attached = False if raw is None else _parse_bool(raw, origin)
         raw, origin = pick("watchdog")
         watchdog = False if raw is None else _parse_bool(raw, origin)
-        return cls(signals, deadline, use_mlflow, end_attached, watchdog)
+        raw, origin = pick("blocked_grace")
+        grace = DEFAULT_BLOCKED_GRACE if raw is None else _parse_seconds(raw, origin, zero=True)
+        return cls(signals, deadline, use_mlflow, end_attached, watchdog, grace)
 
 
 def parse_signals(value: object, origin: str = "signals") -> tuple[int, ...]:
@@ -166,15 +174,16 @@ def _signal_name(signum: int) -> str:
     return f"signal {signum}"
 
 
-def _parse_seconds(value: object, origin: str) -> float:
+def _parse_seconds(value: object, origin: str, *, zero: bool = False) -> float:
     if isinstance(value, bool):
         raise TypeError(f"{origin} must be a number of seconds, not {value!r}")
     try:
         seconds = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         raise ValueError(f"{origin} must be a number of seconds, not {value!r}") from None
-    if seconds != seconds or seconds in (_INF, -_INF) or seconds <= 0:  # NaN, inf, <= 0
-        raise ValueError(f"{origin} must be a positive, finite number of seconds, not {value!r}")
+    if seconds != seconds or seconds in (_INF, -_INF) or seconds < 0 or (seconds == 0 and not zero):
+        kind = "non-negative" if zero else "positive"
+        raise ValueError(f"{origin} must be a {kind}, finite number of seconds, not {value!r}")
     return seconds
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from lifeguard import demo
 from tests.conftest import Scenario, Store, child_env
-from tests.test_guardian import DEATHS
+from tests.test_guardian import DEATHS, IN_PROCESS
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +33,8 @@ def test_supervisor_ends_the_run_of_a_death(scenario: Scenario, store: Store, pa
     run = store.run(run_id)
     assert run.info.status == status
     assert run.info.end_time is not None and run.info.end_time >= run.info.start_time
-    assert run.data.tags["lifeguard.ended_by"] == "supervisor"
+    expected = "process" if path in IN_PROCESS else "supervisor"
+    assert run.data.tags["lifeguard.ended_by"] == expected
 
 
 @pytest.mark.parametrize(("code", "status"), [(0, "FINISHED"), (4, "FAILED")])

@@ -360,3 +360,53 @@ def test_run_child_parses_the_ready_line(fp: FakeProcess) -> None:
     result = run_child(["prog"], timeout=10)
     assert result.ready == {"run_id": "abc", "pid": 7}
     assert result.returncode == 0
+
+
+# -- the helper for a main thread stuck in C ------------------------------------------------
+
+
+def test_existing_wakeup_fd_still_gets_every_signal() -> None:
+    """asyncio's self-pipe (or any wakeup fd set before install) is chained, not lost."""
+    result = python(
+        """
+        import os, select, signal, lifeguard
+        r, w = os.pipe(); os.set_blocking(w, False)
+        signal.set_wakeup_fd(w)
+        signal.signal(signal.SIGUSR1, lambda *a: None)
+        lifeguard.install()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        ready, _, _ = select.select([r], [], [], 30)
+        print(list(os.read(r, 16)) if ready else "nothing")
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"[{int(signal.SIGUSR1)}]"
+
+
+def test_forked_child_gets_its_own_wakeup_fd_back() -> None:
+    """Otherwise a signal to a DataLoader worker would wake the parent's helper thread."""
+    result = python(
+        """
+        import os, signal, lifeguard
+        lifeguard.install()
+        pid = os.fork()
+        if pid == 0:
+            print("child", signal.set_wakeup_fd(-1), flush=True)
+            os._exit(0)
+        os.waitpid(pid, 0)
+        print("parent", signal.set_wakeup_fd(-1) != -1)
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:2] == ["child -1", "parent True"]
+
+
+def test_blocked_grace_zero_disables_the_helper() -> None:
+    result = python(
+        """
+        import signal, lifeguard
+        lifeguard.install(blocked_grace=0)
+        print(signal.set_wakeup_fd(-1))
+        """
+    )
+    assert result.stdout.strip() == "-1", result.stderr
