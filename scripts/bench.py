@@ -1,12 +1,16 @@
 """lifeguard's benchmarks, side by side with their anchors, as medians and ratios.
 
-    python scripts/bench.py [--rounds N] [--json]
+    python scripts/bench.py [--rounds N] [--json] [--only NAME ...] [--raw-dead-server]
 
 Each comparison interleaves the two sides round by round, so that a noisy machine slows both
 alike. Goals (DESIGN.md section 4):
   import lifeguard          < 5 ms over bare `python -c pass`; imports neither mlflow nor psutil
   install()                 < 2 ms
   SIGTERM -> exit, KILLED   <= 1.10x a hand-written handler (tag reason, end_run, re-kill)
+  watchdog                  start < 100 ms added to install(); idle RSS < 20 MiB, no CPU;
+                            SIGKILL -> run KILLED < 2 s
+  dead server               exit within the deadline (< 30 s); raw MLflow's end_run: 247 s
+                            (--raw-dead-server measures that side too: it takes minutes)
 """
 
 from __future__ import annotations
@@ -169,12 +173,187 @@ def bench_sigterm(rounds: int) -> dict[str, object]:
     }
 
 
+_WATCHED = """
+import os, sys
+import mlflow
+import lifeguard
+lifeguard.install(watchdog=True)
+from lifeguard import api
+run = mlflow.start_run()
+print(run.info.run_id, api.current().guardian_pid, flush=True)
+sys.stdin.readline()
+"""
+
+
+def _proc_status(pid: int, field: str) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise KeyError(field)
+
+
+def _cpu_ticks(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+def _wait_idle(pid: int, timeout: float = 30.0) -> None:
+    """The watchdog is idle once it sleeps in select (its imports are done)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        with open(f"/proc/{pid}/wchan") as f:
+            where = f.read()
+        if "select" in where or "poll" in where:
+            return
+        time.sleep(0.01)
+    raise RuntimeError("watchdog never went idle")
+
+
+def _wait_exit(pid: int, timeout: float = 60.0) -> None:
+    import select
+
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        if not select.select([fd], [], [], timeout)[0]:
+            raise RuntimeError(f"pid {pid} still alive after {timeout}s")
+    finally:
+        os.close(fd)
+
+
+def bench_watchdog(rounds: int) -> dict[str, object]:
+    import logging
+
+    from mlflow.tracking import MlflowClient
+
+    without, with_watchdog = interleave(
+        rounds,
+        lambda: float(_run(
+            """
+            import time, lifeguard
+            t = time.perf_counter(); lifeguard.install(); print(time.perf_counter() - t)
+            """
+        )),
+        lambda: float(_run(
+            """
+            import time, lifeguard
+            t = time.perf_counter(); lifeguard.install(watchdog=True)
+            print(time.perf_counter() - t)
+            """
+        )),
+    )  # fmt: skip
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+    rss, cpu, delays, statuses = [], [], [], set()
+    with tempfile.TemporaryDirectory(prefix="lifeguard-bench-") as tmp:
+        uri = f"sqlite:///{tmp}/mlflow.db"
+        client = MlflowClient(tracking_uri=uri)
+        client.search_experiments()
+        env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONWARNINGS": "ignore",
+               "LIFEGUARD_JOURNAL_DIR": f"{tmp}/journal"}  # fmt: skip
+        for _ in range(max(3, rounds // 3)):
+            proc = subprocess.Popen(
+                [PY, "-c", textwrap.dedent(_WATCHED)], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True,
+            )  # fmt: skip
+            assert proc.stdout is not None
+            run_id, watchdog = proc.stdout.readline().split()
+            pid = int(watchdog)
+            _wait_idle(pid)
+            before = _cpu_ticks(pid)
+            time.sleep(1.0)  # a benchmark, not a test: observe an idle second
+            cpu.append(_cpu_ticks(pid) - before)
+            rss.append(_proc_status(pid, "VmRSS") / 1024)
+            start = time.perf_counter()
+            proc.kill()
+            proc.wait()
+            _wait_exit(pid)
+            delays.append(time.perf_counter() - start)
+            statuses.add(client.get_run(run_id).info.status)
+    return {
+        "install() (ms)": without * 1e3,
+        "install(watchdog=True) (ms)": with_watchdog * 1e3,
+        "watchdog start cost (ms)": (with_watchdog - without) * 1e3,
+        "watchdog idle RSS (MiB)": statistics.median(rss),
+        "watchdog CPU ticks in 1 s idle": max(cpu),
+        "SIGKILL -> run ended (s)": statistics.median(delays),
+        "status after SIGKILL": statuses,
+        "goal": "< 100 ms, < 20 MiB, 0 ticks, < 2 s, KILLED",
+    }
+
+
+_ON_DEAD_SERVER = """
+import os, signal, sys, time
+import mlflow
+{prelude}
+run = mlflow.start_run()
+print(run.info.run_id, flush=True)
+sys.stdin.readline()
+"""
+
+_RAW_END = """
+def on_sigterm(signum, frame):
+    mlflow.end_run("KILLED")  # what a hand-written handler does; MLflow retries for minutes
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+signal.signal(signal.SIGTERM, on_sigterm)
+"""
+
+
+def bench_dead_server(rounds: int, raw: bool) -> dict[str, object]:
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from tests.servers import MlflowServer
+
+    def once(prelude: str, tmp: str) -> float:
+        server = MlflowServer(__import__("pathlib").Path(tmp) / "server").start()
+        try:
+            env = {**os.environ, "MLFLOW_TRACKING_URI": server.uri, "PYTHONWARNINGS": "ignore",
+                   "LIFEGUARD_JOURNAL_DIR": f"{tmp}/journal"}  # fmt: skip
+            code = _ON_DEAD_SERVER.format(prelude=textwrap.dedent(prelude))
+            proc = subprocess.Popen(
+                [PY, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL, env=env, text=True,
+            )  # fmt: skip
+            assert proc.stdout is not None
+            proc.stdout.readline()
+            server.stop()
+            start = time.perf_counter()
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(600)
+            return time.perf_counter() - start
+        finally:
+            server.stop()
+
+    guarded = []
+    with tempfile.TemporaryDirectory(prefix="lifeguard-bench-") as tmp:
+        for i in range(max(1, rounds // 7)):
+            guarded.append(once("import lifeguard\nlifeguard.install()", f"{tmp}/g{i}"))
+        result: dict[str, object] = {
+            "lifeguard: SIGTERM -> exit, server dead (s)": statistics.median(guarded),
+        }
+        if raw:
+            result["raw MLflow end_run: SIGTERM -> exit (s)"] = once(_RAW_END, f"{tmp}/raw")
+        else:
+            result["raw MLflow end_run (s)"] = "247 (measured once; --raw-dead-server to rerun)"
+    result["goal"] = "< 30 s (default deadline 10 s)"
+    return result
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=21, help="rounds per comparison")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument(
-        "--only", choices=["import", "install", "sigterm"], action="append", help="run a subset"
+        "--only",
+        choices=["import", "install", "sigterm", "watchdog", "dead-server"],
+        action="append",
+        help="run a subset",
+    )
+    parser.add_argument(
+        "--raw-dead-server", action="store_true", help="also time raw MLflow on a dead server"
     )
     args = parser.parse_args()
     # A wheel install byte-compiles the package; an editable one under PYTHONDONTWRITEBYTECODE
@@ -184,14 +363,20 @@ def main() -> int:
     import lifeguard
 
     compileall.compile_dir(os.path.dirname(lifeguard.__file__), quiet=1)
-    benches = {"import": bench_import, "install": bench_install, "sigterm": bench_sigterm}
+    benches = {
+        "import": bench_import,
+        "install": bench_install,
+        "sigterm": bench_sigterm,
+        "watchdog": bench_watchdog,
+        "dead-server": lambda rounds: bench_dead_server(rounds, args.raw_dead_server),
+    }
     results = {}
     for name, fn in benches.items():
         if args.only and name not in args.only:
             continue
         results[name] = fn(args.rounds)
     if args.json:
-        print(json.dumps(results, indent=2))
+        print(json.dumps(results, indent=2, default=sorted))
         return 0
     version = sys.version.split()[0]
     print(f"lifeguard benchmarks: medians of {args.rounds} interleaved rounds, Python {version}")
@@ -199,6 +384,7 @@ def main() -> int:
         print(f"\n[{name}]")
         for key, value in figures.items():
             shown = f"{value:.3f}" if isinstance(value, float) else str(value)
+            shown = shown if not isinstance(value, set) else "/".join(sorted(value))
             print(f"  {key:40s} {shown}")
     return 0
 

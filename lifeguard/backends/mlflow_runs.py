@@ -38,6 +38,7 @@ TAG_ENDED_BY = "lifeguard.ended_by"
 ENDED = "ended"
 ALREADY_ENDED = "already ended"
 JOURNALED = "journaled"
+FAILED = "failed"  # neither written nor journaled (the journal itself is unusable)
 
 
 @contextlib.contextmanager
@@ -78,15 +79,15 @@ def terminate(
     ALREADY_ENDED or JOURNALED (the server could not be reached; the entry stays on disk)."""
     tags = {**outcome.tags(), TAG_ENDED_BY: ended_by}
     entry = Entry(run_id, client.tracking_uri, outcome.status.value, _ms(outcome.time), tags)
-    return apply(client, entry, journal=journal, write_ahead=True)
+    return apply(client, entry, journal=journal, write_ahead=is_remote(client.tracking_uri))
 
 
 def apply(client: MlflowClient, entry: Entry, *, journal: Journal | None, write_ahead: bool) -> str:
+    """Write ``entry`` to the store unless the run is no longer RUNNING. With ``write_ahead``
+    the entry is journaled before the first call, so that a call cut off by the deadline (or a
+    SIGKILL in the middle of it) loses nothing; otherwise it is journaled only on failure."""
     if journal is not None and write_ahead:
-        try:
-            journal.write(entry)
-        except (OSError, JournalError) as exc:
-            logger().error("lifeguard: cannot journal run %s: %s", entry.run_id, exc)
+        _journal(journal, entry)
     try:
         # Never overwrite a run somebody already ended (the user, another guardian).
         if client.get_run(entry.run_id).info.status != RUNNING:
@@ -96,6 +97,8 @@ def apply(client: MlflowClient, entry: Entry, *, journal: Journal | None, write_
             client.set_terminated(entry.run_id, entry.status, end_time=entry.end_time)
             result = ENDED
     except Exception as exc:  # noqa: BLE001 - any failure to reach the store means: keep it
+        if journal is not None and entry.path is None:
+            _journal(journal, entry)
         where = f"; kept in the journal ({entry.path})" if entry.path else ""
         logger().warning(
             "lifeguard: could not end run %s as %s at %s: %s%s",
@@ -105,10 +108,24 @@ def apply(client: MlflowClient, entry: Entry, *, journal: Journal | None, write_
             _first_line(exc),
             where,
         )
-        return JOURNALED if entry.path else "failed"
-    if journal is not None:
+        return JOURNALED if entry.path else FAILED
+    if journal is not None and entry.path is not None:
         journal.remove(entry)
     return result
+
+
+def _journal(journal: Journal, entry: Entry) -> None:
+    try:
+        journal.write(entry)
+    except (OSError, JournalError) as exc:
+        logger().error("lifeguard: cannot journal run %s: %s", entry.run_id, exc)
+
+
+def is_remote(uri: str) -> bool:
+    """A store reached over a network, where a call can hang: worth journaling ahead. A local
+    sqlite file or directory answers at once or fails at once."""
+    scheme = uri.partition("://")[0] if "://" in uri else ""
+    return scheme not in ("", "file", "sqlite")
 
 
 def replay_journal(
@@ -116,7 +133,7 @@ def replay_journal(
 ) -> dict[str, int]:
     """Write every journaled status whose server answers. With ``tracking_uri``, only that
     server's entries. A server that fails once is not asked again in this replay."""
-    counts = {ENDED: 0, ALREADY_ENDED: 0, JOURNALED: 0}
+    counts = {ENDED: 0, ALREADY_ENDED: 0, JOURNALED: 0, FAILED: 0}
     clients: dict[str, MlflowClient] = {}
     dead: set[str] = set()
     with bounded_http(budget):
