@@ -68,6 +68,23 @@ def test_signals_to_the_supervisor_reach_the_program(
     assert run.data.tags["lifeguard.ended_by"] == "process"
 
 
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGUSR2])
+def test_unhooked_forwarded_signals_are_finalized_by_the_supervisor(
+    scenario: Scenario, store: Store, sig: int
+) -> None:
+    """SIGUSR1/2 are forwarded too; the program does not hook them and dies of the default
+    action, so the supervisor, which sees the signal in waitpid, ends the run."""
+    result = scenario.run(
+        "--path", "SIGTERM", send=(sig,), launcher=RUN, close_stdin_after_signals=False
+    )
+    assert result.returncode == -sig
+    [run_id] = result.ready["run_ids"]
+    run = store.run(run_id)
+    assert run.info.status == "KILLED"
+    assert run.data.tags["lifeguard.signal"] == signal.Signals(sig).name
+    assert run.data.tags["lifeguard.ended_by"] == "supervisor"
+
+
 @pytest.mark.parametrize("path", ["sys.exit(3)", "exception", "return"])
 def test_in_process_paths_under_the_supervisor(scenario: Scenario, store: Store, path: str) -> None:
     from tests.test_exit_paths import CONTRACT

@@ -116,9 +116,14 @@ def watch(read_fd: int, parent: int) -> tuple[Evidence, float]:
         readable, _, _ = select.select(watched, [], [])
         if read_fd in readable:
             data = os.read(read_fd, 65536)
-            if not data:
-                break  # EOF: every writer is gone
-            evidence.feed(data)
+            if data:
+                evidence.feed(data)
+            elif pidfd is None:
+                break  # EOF and no pidfd: every writer is gone, the parent with them
+            else:
+                # EOF while the pidfd says the parent lives: it exec'd (the pipe is
+                # close-on-exec). Its runs may still be in use: wait for the real exit.
+                watched.remove(read_fd)
         if pidfd is not None and pidfd in readable:
             break
     died_at = time.time()
@@ -128,7 +133,7 @@ def watch(read_fd: int, parent: int) -> tuple[Evidence, float]:
     try:
         while data := os.read(read_fd, 65536):
             evidence.feed(data)
-    except BlockingIOError:
+    except (BlockingIOError, OSError):
         pass
     return evidence, died_at
 
