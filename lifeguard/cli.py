@@ -10,6 +10,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from lifeguard.backends.mlflow_sweep import SweepReport
+
 COMMANDS = ("demo", "run", "sweep")
 
 
@@ -21,6 +23,15 @@ def _seconds(text: str) -> float:
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds: {text!r}")
     return value
+
+
+def _duration(text: str) -> float:
+    from lifeguard.sweep import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,14 +60,44 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
 
     sweep = commands.add_parser(
-        "sweep", help="write journaled statuses to a tracking server (and, later, end orphans)"
+        "sweep",
+        help="end the orphaned RUNNING runs on a tracking server, never a live one",
+        description=(
+            "End RUNNING runs whose process is gone: on this host when the owner pid is gone, "
+            "elsewhere when the heartbeat is older than --stale-after. Journaled statuses are "
+            "written first. Runs without lifeguard tags are left alone unless "
+            "--include-untagged --older-than D."
+        ),
     )
     sweep.add_argument("--tracking-uri", required=True, help="the MLflow tracking server")
-    sweep.add_argument("--journal-dir", help="journal directory (default: the user's cache)")
+    sweep.add_argument(
+        "--experiment",
+        action="append",
+        default=[],
+        metavar="NAME_OR_ID",
+        help="only these experiments (repeatable; default: all)",
+    )
+    sweep.add_argument(
+        "--stale-after", type=_duration, default=900.0, metavar="DURATION",
+        help="a heartbeat older than this means the node is lost (default: 15m)",
+    )  # fmt: skip
+    sweep.add_argument(
+        "--include-untagged", action="store_true",
+        help="also end runs without lifeguard tags (needs --older-than)",
+    )  # fmt: skip
+    sweep.add_argument(
+        "--older-than", type=_duration, metavar="DURATION",
+        help="with --include-untagged: silent for longer than this (e.g. 7d)",
+    )  # fmt: skip
+    sweep.add_argument("--dry-run", action="store_true", help="decide and report; write nothing")
     sweep.add_argument("--json", action="store_true", help="print the result as JSON")
+    sweep.add_argument(
+        "--workers", type=int, default=8, help="runs ended at once (default: %(default)s)"
+    )
     sweep.add_argument(
         "--timeout", type=_seconds, default=30.0, help="per-request timeout (default: 30)"
     )
+    sweep.add_argument("--journal-dir", help="journal directory (default: the user's cache)")
     return parser
 
 
@@ -114,29 +155,80 @@ def _supervise(cmd: list[str], deadline: float | None) -> int:
 def _sweep(args: argparse.Namespace) -> int:
     import json
 
+    if args.include_untagged and args.older_than is None:
+        sys.stderr.write("lifeguard sweep: --include-untagged needs --older-than DURATION\n")
+        return 2
+    if args.workers < 1:
+        sys.stderr.write("lifeguard sweep: --workers must be at least 1\n")
+        return 2
     try:
-        from lifeguard.backends.mlflow_runs import replay_journal
+        from lifeguard.backends.mlflow_sweep import SweepError, sweep
     except ImportError:
         sys.stderr.write("lifeguard sweep needs MLflow: pip install 'lifeguard[mlflow]'\n")
         return 2
-    from lifeguard.guardian.journal import Journal
-
-    journal = Journal(args.journal_dir)
-    counts = replay_journal(journal, tracking_uri=args.tracking_uri, budget=args.timeout)
-    if args.json:
-        print(json.dumps({"tracking_uri": args.tracking_uri, "journal": counts}))
-    else:
-        print(
-            f"journal replay to {args.tracking_uri}: {counts['ended']} ended, "
-            f"{counts['already ended']} already ended, {counts['journaled']} still pending"
+    try:
+        report = sweep(
+            args.tracking_uri,
+            experiments=args.experiment,
+            stale_after=args.stale_after,
+            include_untagged=args.include_untagged,
+            older_than=args.older_than,
+            dry_run=args.dry_run,
+            workers=args.workers,
+            timeout=args.timeout,
+            journal_dir=args.journal_dir,
         )
-    if counts["journaled"]:
-        sys.stderr.write(
-            f"lifeguard sweep: {args.tracking_uri} did not accept {counts['journaled']} "
-            f"status(es); they stay in {journal.directory} for the next sweep\n"
-        )
+    except SweepError as exc:
+        sys.stderr.write(f"lifeguard sweep: {exc}\n")
         return 1
-    return 0
+    pending = report.journal.get("journaled", 0)
+    if args.json:
+        print(json.dumps({"tracking_uri": args.tracking_uri, "dry_run": args.dry_run,
+                          **report.as_dict()}))  # fmt: skip
+    else:
+        _print_table(report, args.dry_run)
+    if pending:
+        sys.stderr.write(
+            f"lifeguard sweep: {args.tracking_uri} did not accept {pending} journaled "
+            "status(es); they stay in the journal for the next sweep\n"
+        )
+    if report.errors:
+        sys.stderr.write(
+            f"lifeguard sweep: {len(report.errors)} run(s) could not be ended; "
+            "the next sweep will retry them\n"
+        )
+    return 1 if pending or report.errors else 0
+
+
+def _print_table(report: SweepReport, dry_run: bool) -> None:
+    rows = [
+        (d.run_id, d.experiment_id, _verdict(d.verdict, d.run_id, report, dry_run), d.reason)
+        for d in report.decisions
+    ]
+    headers = ("run", "experiment", "verdict", "why")
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    print("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip())
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    counts: dict[str, int] = {}
+    for d in report.decisions:
+        counts[d.verdict] = counts.get(d.verdict, 0) + 1
+    journal = report.journal
+    print(
+        f"{len(report.decisions)} RUNNING run(s) decided in {report.seconds:.2f}s: "
+        f"{len(report.ended)} ended, {counts.get('alive', 0)} alive, "
+        f"{counts.get('skip', 0)} left alone"
+        + (" (dry run: nothing written)" if dry_run else "")
+        + (f"; journal: {journal.get('ended', 0)} replayed" if journal else "")
+    )
+
+
+def _verdict(verdict: str, run_id: str, report: SweepReport, dry_run: bool) -> str:
+    if verdict != "end":
+        return verdict
+    if dry_run:
+        return "would end"
+    return "ended" if run_id in report.ended else "FAILED to end"
 
 
 if __name__ == "__main__":

@@ -41,7 +41,11 @@ _ENV = {
     "end_attached": "LIFEGUARD_END_ATTACHED",
     "watchdog": "LIFEGUARD_WATCHDOG",
     "blocked_grace": "LIFEGUARD_BLOCKED_GRACE",
+    "heartbeat": "LIFEGUARD_HEARTBEAT",
 }
+
+# Seconds between heartbeats (see backends/mlflow_heartbeat.py for why 60).
+DEFAULT_HEARTBEAT = 60.0
 
 # How long a helper thread waits for a main thread stuck in C before finalizing for it.
 DEFAULT_BLOCKED_GRACE = 1.0
@@ -53,7 +57,15 @@ _FALSE = {"0", "false", "no", "off", ""}
 class Options:
     """Validated install options (see README "Configuration")."""
 
-    __slots__ = ("signals", "deadline", "mlflow", "end_attached", "watchdog", "blocked_grace")
+    __slots__ = (
+        "signals",
+        "deadline",
+        "mlflow",
+        "end_attached",
+        "watchdog",
+        "blocked_grace",
+        "heartbeat",
+    )
     NAMES = __slots__
 
     def __init__(
@@ -64,6 +76,7 @@ class Options:
         end_attached: bool = False,
         watchdog: bool = False,
         blocked_grace: float = DEFAULT_BLOCKED_GRACE,
+        heartbeat: float = DEFAULT_HEARTBEAT,
     ) -> None:
         self.signals = signals
         self.deadline = deadline
@@ -71,6 +84,7 @@ class Options:
         self.end_attached = end_attached
         self.watchdog = watchdog
         self.blocked_grace = blocked_grace
+        self.heartbeat = heartbeat
 
     def as_dict(self) -> dict[str, object]:
         return {name: getattr(self, name) for name in self.NAMES}
@@ -114,7 +128,9 @@ class Options:
         watchdog = False if raw is None else _parse_bool(raw, origin)
         raw, origin = pick("blocked_grace")
         grace = DEFAULT_BLOCKED_GRACE if raw is None else _parse_seconds(raw, origin, zero=True)
-        return cls(signals, deadline, use_mlflow, end_attached, watchdog, grace)
+        raw, origin = pick("heartbeat")
+        beat = DEFAULT_HEARTBEAT if raw is None else _parse_seconds(raw, origin, zero=True)
+        return cls(signals, deadline, use_mlflow, end_attached, watchdog, grace, beat)
 
 
 def parse_signals(value: object, origin: str = "signals") -> tuple[int, ...]:

@@ -82,6 +82,9 @@ class FaultProxy:
     def __init__(self, upstream_port: int) -> None:
         self.upstream_port = upstream_port
         self.mode = "pass"
+        # After this many requests the proxy turns to error500: a server dying mid-way.
+        self.fail_after: int | None = None
+        self.requests = 0
         self.listener = socket.socket()
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.listener.bind(("127.0.0.1", 0))
@@ -109,6 +112,10 @@ class FaultProxy:
                     data = client.recv(65536)
                     if not data:
                         return
+                    if data.split(b" ", 1)[0] in (b"GET", b"POST", b"PATCH", b"PUT", b"DELETE"):
+                        self.requests += 1
+                        if self.fail_after is not None and self.requests > self.fail_after:
+                            self.mode = "error500"
                     if self.mode == "blackhole":
                         continue  # swallowed: the client waits for an answer that never comes
                     if self.mode == "error500":

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from lifeguard.outcome import Outcome
     from lifeguard.owner import Owner
 
-__all__ = ["MlflowFinalizer", "end_active_runs"]
+__all__ = ["MlflowFinalizer", "active_runs", "end_active_runs", "owned_active_runs"]
 
 
 class MlflowFinalizer:
@@ -35,6 +35,9 @@ class MlflowFinalizer:
         fluent = sys.modules.get("mlflow.tracking.fluent")
         if fluent is None:
             return
+        from lifeguard.backends import mlflow_context
+
+        mlflow_context.heartbeat.stop()  # no beat may land after the final status
         end_active_runs(
             fluent,
             outcome,
@@ -73,19 +76,13 @@ def end_active_runs(
     except Exception as exc:  # noqa: BLE001 - a failed flush must not stop the status write
         log.warning("lifeguard: flushing MLflow async logging failed: %s", exc)
 
-    stacks: dict[int, list[object]] = fluent._active_run_stack.get_all_thread_values()  # type: ignore[attr-defined]
     me = Owner.current()
-    # Children start after their parents: newest first ends nested runs before their parents,
-    # across threads too (a child run started in a worker thread under the main thread's run).
-    entries = [(stack, run) for stack in stacks.values() for run in list(stack)]
-    entries.sort(key=lambda entry: entry[1].info.start_time or 0, reverse=True)  # type: ignore[attr-defined]
-
     client = MlflowClient()
     journal = Journal()
     ended: list[str] = []
     deferred: list[str] = []
     with mlflow_runs.bounded_http(time_left()):
-        for stack, run in entries:
+        for stack, run in active_runs(fluent):
             run_id: str = run.info.run_id  # type: ignore[attr-defined]
             if not (end_attached or (run_id not in attached and _started_here(run, me))):
                 log.debug("lifeguard: leaving attached run %s alone", run_id)
@@ -102,6 +99,24 @@ def end_active_runs(
         defer_to.send_uri(client.tracking_uri)
         defer_to.send("defer", " ".join(deferred))
     return ended
+
+
+def active_runs(fluent: object) -> list[tuple[list[object], object]]:
+    """(stack, run) for the runs on every thread's active-run stack, newest first. Children
+    start after their parents, so this order ends nested runs before their parents, across
+    threads too (a child run started in a worker thread under the main thread's run)."""
+    stacks: dict[int, list[object]] = fluent._active_run_stack.get_all_thread_values()  # type: ignore[attr-defined]
+    entries = [(stack, run) for stack in stacks.values() for run in list(stack)]
+    entries.sort(key=lambda entry: entry[1].info.start_time or 0, reverse=True)  # type: ignore[attr-defined]
+    return entries
+
+
+def owned_active_runs(fluent: object) -> list[str]:
+    """Ids of the active runs this process started (the heartbeat's runs)."""
+    from lifeguard.owner import Owner
+
+    me = Owner.current()
+    return [run.info.run_id for _, run in active_runs(fluent) if _started_here(run, me)]  # type: ignore[attr-defined]
 
 
 def _supervisor_for(outcome: Outcome) -> Channel | None:

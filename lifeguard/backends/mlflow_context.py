@@ -15,11 +15,14 @@ import os
 from mlflow.tracking.context.abstract_context import RunContextProvider
 
 from lifeguard import api
+from lifeguard.backends.mlflow_heartbeat import TAG_HEARTBEAT, Heartbeat, now_ms
 from lifeguard.owner import Owner
 
 __all__ = ["OwnerRunContext"]
 
 _owner: Owner | None = None
+# Started at the first start_run of an installed process; stopped by the MLflow finalizer.
+heartbeat = Heartbeat(0.0)
 
 
 class OwnerRunContext(RunContextProvider):
@@ -39,4 +42,8 @@ class OwnerRunContext(RunContextProvider):
                 lifecycle.channel.send_uri(mlflow.get_tracking_uri())
         if _owner is None or _owner.pid != os.getpid():  # a forked child is a new owner
             _owner = Owner.current()
-        return _owner.tags()
+        if lifecycle is not None and lifecycle.options.heartbeat > 0:
+            heartbeat.interval = lifecycle.options.heartbeat
+            heartbeat.ensure_started()
+        # The first beat rides along with the run's creation: free.
+        return {**_owner.tags(), TAG_HEARTBEAT: str(now_ms())}

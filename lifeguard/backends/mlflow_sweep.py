@@ -1,0 +1,190 @@
+"""The MLflow side of ``lifeguard sweep``: page through RUNNING runs, decide, end the orphans.
+
+Reads are paged with a server-side filter (``attributes.status = 'RUNNING'``), up to 100
+experiments and 1000 runs a request. Writes go out with bounded concurrency, and MLflow's HTTP
+retries are bounded (3 retries, short backoff) so that a dead server fails the sweep in seconds
+rather than minutes. Nothing is lost when the server dies half-way: every decision is derived
+from the server's own data, so the next sweep reaches the same decisions and finishes the job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from mlflow.entities import RunTag, ViewType
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from lifeguard.backends.mlflow_runs import RUNNING, TAG_ENDED_BY
+from lifeguard.sweep import END, Decision, RunFacts, decide
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Sequence
+
+__all__ = ["SweepError", "SweepReport", "sweep"]
+
+STATUS = "KILLED"
+PAGE = 1000
+EXPERIMENTS_PER_SEARCH = 100
+
+
+class SweepError(RuntimeError):
+    """The server could not be read at all: nothing was decided."""
+
+
+class SweepReport:
+    def __init__(self) -> None:
+        self.decisions: list[Decision] = []
+        self.ended: list[str] = []
+        self.errors: dict[str, str] = {}
+        self.journal: dict[str, int] = {}
+        self.seconds = 0.0
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "decisions": [d.as_dict() for d in self.decisions],
+            "ended": self.ended,
+            "errors": self.errors,
+            "journal": self.journal,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+@contextlib.contextmanager
+def _bounded_retries(timeout: float) -> Iterator[None]:
+    wanted = {
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3",
+        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+        "MLFLOW_HTTP_REQUEST_TIMEOUT": str(max(1, int(timeout))),
+    }
+    saved = {k: os.environ.get(k) for k in wanted}
+    os.environ.update(wanted)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def sweep(
+    tracking_uri: str,
+    *,
+    experiments: Sequence[str] = (),
+    stale_after: float = 900.0,
+    include_untagged: bool = False,
+    older_than: float | None = None,
+    dry_run: bool = False,
+    workers: int = 8,
+    timeout: float = 30.0,
+    journal_dir: str | None = None,
+) -> SweepReport:
+    started = time.monotonic()
+    report = SweepReport()
+    client = MlflowClient(tracking_uri=tracking_uri)
+    with _bounded_retries(timeout):
+        if not dry_run:
+            from lifeguard.backends.mlflow_runs import replay_journal
+            from lifeguard.guardian.journal import Journal
+
+            report.journal = replay_journal(
+                Journal(journal_dir), tracking_uri=tracking_uri, budget=timeout
+            )
+        try:
+            experiment_ids = _experiment_ids(client, experiments)
+            now = int(time.time() * 1000)
+            for facts in _running(client, experiment_ids):
+                report.decisions.append(
+                    decide(
+                        facts,
+                        now_ms=now,
+                        stale_after=stale_after,
+                        include_untagged=include_untagged,
+                        older_than=older_than,
+                    )
+                )
+        except MlflowException as exc:
+            raise SweepError(f"cannot read runs from {tracking_uri}: {exc.message}") from None
+        except OSError as exc:
+            raise SweepError(f"cannot reach {tracking_uri}: {exc}") from None
+        to_end = [d for d in report.decisions if d.verdict == END]
+        if to_end and not dry_run:
+            with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+                for decision, error in zip(
+                    to_end, pool.map(lambda d: _end(client, d), to_end), strict=True
+                ):
+                    if error is None:
+                        report.ended.append(decision.run_id)
+                    else:
+                        report.errors[decision.run_id] = error
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _experiment_ids(client: MlflowClient, wanted: Sequence[str]) -> list[str]:
+    if not wanted:
+        ids: list[str] = []
+        token = None
+        while True:
+            page = client.search_experiments(view_type=ViewType.ACTIVE_ONLY, page_token=token)
+            ids.extend(e.experiment_id for e in page)
+            token = page.token
+            if not token:
+                return ids
+    ids = []
+    for name_or_id in wanted:
+        experiment = client.get_experiment_by_name(name_or_id)
+        if experiment is None:
+            try:
+                experiment = client.get_experiment(name_or_id)
+            except MlflowException:
+                raise SweepError(f"no experiment named or numbered {name_or_id!r}") from None
+        ids.append(experiment.experiment_id)
+    return ids
+
+
+def _running(client: MlflowClient, experiment_ids: list[str]) -> Iterator[RunFacts]:
+    for start in range(0, len(experiment_ids), EXPERIMENTS_PER_SEARCH):
+        token = None
+        while True:
+            page = client.search_runs(
+                experiment_ids[start : start + EXPERIMENTS_PER_SEARCH],
+                filter_string=f"attributes.status = '{RUNNING}'",
+                run_view_type=ViewType.ACTIVE_ONLY,
+                max_results=PAGE,
+                page_token=token,
+            )
+            for run in page:
+                metrics = getattr(run.data, "_metric_objs", None) or []
+                last_metric = max((m.timestamp for m in metrics), default=None)
+                yield RunFacts(
+                    run.info.run_id,
+                    run.info.experiment_id,
+                    run.info.start_time or 0,
+                    dict(run.data.tags),
+                    last_metric,
+                )
+            token = page.token
+            if not token:
+                break
+
+
+def _end(client: MlflowClient, decision: Decision) -> str | None:
+    """End one orphan; returns an error message, or None."""
+    tags = {
+        TAG_ENDED_BY: "sweep",
+        "lifeguard.outcome": "lost",
+        "lifeguard.reason": f"swept: {decision.reason}",
+    }
+    try:
+        client.log_batch(decision.run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+        client.set_terminated(decision.run_id, STATUS, end_time=decision.end_time)
+    except Exception as exc:  # noqa: BLE001 - reported per run; the next sweep retries it
+        return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
+    return None

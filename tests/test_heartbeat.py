@@ -1,0 +1,70 @@
+"""The heartbeat: refreshed on the process's own runs, never raising, stopped at the end."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+
+import mlflow
+import pytest
+
+from lifeguard.backends.mlflow_heartbeat import TAG_HEARTBEAT, Heartbeat
+from tests.conftest import Scenario, Store, child_env
+
+
+def test_beat_refreshes_own_runs_and_survives_a_dead_server(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="lifeguard")
+    mlflow.set_tracking_uri(store.uri)
+    run = mlflow.start_run()
+    try:
+        beat = Heartbeat(60.0)
+        before = int(time.time() * 1000)
+        assert beat.beat() == 1
+        assert int(store.run(run.info.run_id).data.tags[TAG_HEARTBEAT]) >= before
+
+        mlflow.set_tracking_uri("http://127.0.0.1:9")  # nothing listens there
+        os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"
+        try:
+            assert beat.beat() == 0  # no exception reaches the caller
+            assert beat.beat() == 0
+        finally:
+            del os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"]
+        assert caplog.text.count("heartbeat failed") == 1  # logged once, not every beat
+
+        mlflow.set_tracking_uri(store.uri)
+        assert beat.beat() == 1
+        assert "heartbeat recovered" in caplog.text
+    finally:
+        mlflow.set_tracking_uri(store.uri)
+        mlflow.end_run()
+
+
+@pytest.mark.slow
+def test_heartbeat_runs_while_training_and_stops_at_the_end(
+    scenario: Scenario, store: Store
+) -> None:
+    env = child_env(store, LIFEGUARD_HEARTBEAT="0.2")
+    seen: list[int] = []
+
+    def watch_beats() -> None:
+        # Waits for the beat thread's effect on the store (bounded: the runner's timeout).
+        result_run = None
+        while len(set(seen)) < 3:
+            result_run = store.client.search_runs(
+                [store.client.get_experiment_by_name("Default").experiment_id]
+            )
+            if result_run:
+                seen.append(int(result_run[0].data.tags[TAG_HEARTBEAT]))
+
+    result = scenario.run("--path", "SIGTERM", send=(signal.SIGTERM,), env=env,
+                          after_ready=watch_beats)  # fmt: skip
+    assert result.returncode == -signal.SIGTERM
+    [run_id] = result.ready["run_ids"]
+    run = store.run(run_id)
+    assert run.info.status == "KILLED"
+    assert len(set(seen)) >= 3  # the first beat at start_run, then the thread's
+    assert int(run.data.tags[TAG_HEARTBEAT]) <= run.info.end_time  # none after the end

@@ -1,0 +1,227 @@
+"""`lifeguard sweep` against a real `mlflow server`: orphans ended, live and untagged runs never
+touched, a dry run writes nothing, and a server that dies mid-sweep loses nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from lifeguard import demo
+from lifeguard.sweep import END, RunFacts, decide, parse_duration
+from tests.conftest import CHILDREN, Store, child_env
+from tests.servers import FaultProxy, MlflowServer
+
+HOUR_MS = 3_600_000
+
+
+# -- the decisions, as units ----------------------------------------------------------------
+
+
+def facts(tags: dict[str, str], start: int = 1_000, metric: int | None = None) -> RunFacts:
+    return RunFacts("r", "0", start, tags, metric)
+
+
+def owner_tags(host: str, pid: int, start: float, beat: int | None) -> dict[str, str]:
+    tags = {
+        "lifeguard.owner.host": host,
+        "lifeguard.owner.pid": str(pid),
+        "lifeguard.owner.start_time": f"{start:.2f}",
+    }
+    if beat is not None:
+        tags["lifeguard.heartbeat"] = str(beat)
+    return tags
+
+
+def test_a_live_owner_on_this_host_is_never_ended() -> None:
+    from lifeguard.owner import Owner
+
+    me = Owner.current()
+    # Even with a heartbeat a day old: the process is alive, so the run may be.
+    d = decide(facts(owner_tags(me.host, me.pid, me.start_time, 0)), now_ms=24 * HOUR_MS,
+               stale_after=60)  # fmt: skip
+    assert d.verdict == "alive"
+
+
+def test_a_reused_pid_does_not_keep_an_orphan_alive() -> None:
+    from lifeguard.owner import Owner
+
+    me = Owner.current()
+    d = decide(facts(owner_tags(me.host, me.pid, me.start_time - 3600, 5_000)), now_ms=10_000,
+               stale_after=60)  # fmt: skip
+    assert d.verdict == END and d.end_time == 5_000
+
+
+def test_other_hosts_are_judged_by_their_heartbeat() -> None:
+    fresh = decide(facts(owner_tags("far", 1, 1.0, 9_000)), now_ms=10_000, stale_after=60)
+    stale = decide(facts(owner_tags("far", 1, 1.0, 1_000)), now_ms=HOUR_MS, stale_after=60)
+    silent = decide(facts(owner_tags("far", 1, 1.0, None)), now_ms=HOUR_MS, stale_after=60)
+    late_metric = decide(facts(owner_tags("far", 1, 1.0, 1_000), metric=HOUR_MS - 5_000),
+                         now_ms=HOUR_MS, stale_after=60)  # fmt: skip
+    assert (fresh.verdict, stale.verdict, silent.verdict) == ("alive", END, "skip")
+    assert stale.end_time == 1_000  # the last heartbeat, not the sweep's time
+    assert late_metric.verdict == "alive"  # a metric after the last beat is a sign of life
+
+
+def test_untagged_runs_need_an_explicit_opt_in() -> None:
+    old = facts({}, start=1_000)
+    assert decide(old, now_ms=HOUR_MS, stale_after=60).verdict == "skip"
+    opted = decide(old, now_ms=HOUR_MS, stale_after=60, include_untagged=True, older_than=60)
+    assert opted.verdict == END and opted.end_time == 1_000
+    young = facts({}, start=HOUR_MS - 1_000)
+    kept = decide(young, now_ms=HOUR_MS, stale_after=60, include_untagged=True, older_than=60)
+    assert kept.verdict == "skip"
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("90", 90), ("90s", 90), ("15m", 900),
+                                               ("2h", 7200), ("1d", 86400)])  # fmt: skip
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "soon", "-5m", "0", "inf"])
+def test_bad_durations_are_named(text: str) -> None:
+    with pytest.raises(ValueError, match="duration"):
+        parse_duration(text)
+
+
+# -- against a real server ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[MlflowServer]:
+    srv = MlflowServer(tmp_path / "server").start()
+    yield srv
+    srv.stop()
+
+
+def run_sweep(uri: str, *args: str, journal: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "lifeguard", "sweep", "--tracking-uri", uri, "--json",
+         "--timeout", "5", "--journal-dir", str(journal), *args],
+        capture_output=True, text=True, timeout=300,
+        env={k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")},
+    )  # fmt: skip
+
+
+class Program:
+    """A program under lifeguard (no watchdog) with one run on the server, held at stdin."""
+
+    def __init__(self, store: Store, uri: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(CHILDREN / "program.py"), "--path", "SIGTERM"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=child_env(store, MLFLOW_TRACKING_URI=uri), start_new_session=True,
+        )  # fmt: skip
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        assert line.startswith(demo.READY), self.proc.stderr.read() if self.proc.stderr else ""
+        [self.run_id] = json.loads(line[len(demo.READY) :])["run_ids"]
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(60)
+
+    def finish(self) -> int:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        return self.proc.wait(60)
+
+
+@pytest.mark.slow
+def test_sweep_ends_orphans_and_nothing_else(
+    server: MlflowServer, store: Store, tmp_path: Path
+) -> None:
+    client = MlflowClient(tracking_uri=server.uri)
+    exp = client.create_experiment("shared")
+    now = int(time.time() * 1000)
+    here = socket.gethostname()
+
+    dead, alive = Program(store, server.uri), Program(store, server.uri)
+    killed_at = int(time.time() * 1000)
+    dead.kill()  # SIGKILL, no watchdog: nothing in the process could end its run
+    lost = client.create_run(exp, start_time=now - 2 * HOUR_MS,
+                             tags=owner_tags("lost-node", 4242, 1.0, now - HOUR_MS))  # fmt: skip
+    far = client.create_run(exp, tags=owner_tags("busy-node", 4242, 1.0, now))
+    silent = client.create_run(exp, tags=owner_tags("quiet-node", 7, 1.0, None))
+    old_untagged = client.create_run(exp, start_time=now - 3 * 24 * HOUR_MS)
+    new_untagged = client.create_run(exp)
+    ids = {
+        "dead": dead.run_id, "alive": alive.run_id, "lost": lost.info.run_id,
+        "far": far.info.run_id, "silent": silent.info.run_id,
+        "old_untagged": old_untagged.info.run_id, "new_untagged": new_untagged.info.run_id,
+    }  # fmt: skip
+
+    def statuses() -> dict[str, str]:
+        return {name: client.get_run(run_id).info.status for name, run_id in ids.items()}
+
+    proxy = FaultProxy(server.port)
+    journal = tmp_path / "journal"
+    try:
+        # A dry run decides and writes nothing.
+        dry = run_sweep(proxy.uri, "--dry-run", journal=journal)
+        assert dry.returncode == 0, dry.stderr
+        verdicts = {d["run_id"]: d["verdict"] for d in json.loads(dry.stdout)["decisions"]}
+        assert verdicts[ids["dead"]] == verdicts[ids["lost"]] == "end"
+        assert verdicts[ids["alive"]] == verdicts[ids["far"]] == "alive"
+        assert verdicts[ids["silent"]] == verdicts[ids["old_untagged"]] == "skip"
+        assert set(statuses().values()) == {"RUNNING"}
+
+        # The server dies after the reads and one write: the sweep fails, loudly, part-way.
+        proxy.requests, proxy.fail_after = 0, 3
+        broken = run_sweep(proxy.uri, journal=journal)
+        assert broken.returncode == 1
+        assert "could not be ended" in broken.stderr
+        assert list(statuses().values()).count("KILLED") <= 1
+
+        # Back up: the next sweep finishes the job, with the same decisions.
+        proxy.mode, proxy.fail_after = "pass", None
+        second = run_sweep(proxy.uri, journal=journal)
+        assert second.returncode == 0, second.stderr
+        assert statuses() == {
+            "dead": "KILLED", "alive": "RUNNING", "lost": "KILLED", "far": "RUNNING",
+            "silent": "RUNNING", "old_untagged": "RUNNING", "new_untagged": "RUNNING",
+        }  # fmt: skip
+
+        # End times are the last sign of life, never the sweep's own time.
+        dead_run = client.get_run(ids["dead"])
+        assert dead_run.info.start_time <= dead_run.info.end_time <= killed_at
+        assert dead_run.data.tags["lifeguard.ended_by"] == "sweep"
+        assert (
+            f"pid {dead_run.data.tags['lifeguard.owner.pid']} on {here} is gone"
+            in (dead_run.data.tags["lifeguard.reason"])
+        )
+        assert client.get_run(ids["lost"]).info.end_time == now - HOUR_MS
+
+        # Untagged runs only on request, and only the old one.
+        opted = run_sweep(proxy.uri, "--include-untagged", "--older-than", "1d", journal=journal)
+        assert opted.returncode == 0, opted.stderr
+        assert client.get_run(ids["old_untagged"]).info.status == "KILLED"
+        assert client.get_run(ids["old_untagged"]).info.end_time == now - 3 * 24 * HOUR_MS
+        assert client.get_run(ids["new_untagged"]).info.status == "RUNNING"
+    finally:
+        proxy.close()
+        assert alive.finish() == 0
+    assert client.get_run(ids["alive"]).info.status == "FINISHED"
+
+
+def test_sweep_options_are_checked() -> None:
+    bad = subprocess.run(
+        [sys.executable, "-m", "lifeguard", "sweep", "--tracking-uri", "http://127.0.0.1:9",
+         "--include-untagged"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "--older-than" in bad.stderr
+    stale = subprocess.run(
+        [sys.executable, "-m", "lifeguard", "sweep", "--tracking-uri", "x", "--stale-after", "x"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert stale.returncode == 2 and "not a duration" in stale.stderr
