@@ -57,6 +57,9 @@ class SweepReport:
 @contextlib.contextmanager
 def _bounded_retries(timeout: float) -> Iterator[None]:
     wanted = {
+        # MLflow prints a "View run" link per ended run to stdout: noise here, and it would
+        # corrupt --json output.
+        "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
         "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3",
         "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
         "MLFLOW_HTTP_REQUEST_TIMEOUT": str(max(1, int(timeout))),
