@@ -42,21 +42,10 @@ FAILED = "failed"  # neither written nor journaled (the journal itself is unusab
 
 
 @contextlib.contextmanager
-def bounded_http(seconds: float | None) -> Iterator[None]:
-    """Cut MLflow's HTTP client down for the final calls: no retries (by default 7, with a
-    backoff that kept a dead server's end_run going for 247 s) and a timeout that fits the time
-    left. MLflow reads these variables at every call, so setting them here takes effect now."""
-    if seconds is None:
-        yield
-        return
-    wanted = {
-        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
-        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "0",
-        # An int, in whole seconds, for MLflow; at least 1 or requests would never connect.
-        "MLFLOW_HTTP_REQUEST_TIMEOUT": str(max(1, int(seconds))),
-    }
-    saved = {key: os.environ.get(key) for key in wanted}
-    os.environ.update(wanted)
+def environment(**overrides: str) -> Iterator[None]:
+    """Set MLflow's environment variables for a block, then put back what was there."""
+    saved = {key: os.environ.get(key) for key in overrides}
+    os.environ.update(overrides)
     try:
         yield
     finally:
@@ -65,6 +54,23 @@ def bounded_http(seconds: float | None) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+@contextlib.contextmanager
+def bounded_http(seconds: float | None) -> Iterator[None]:
+    """Cut MLflow's HTTP client down for the final calls: no retries (by default 7, with a
+    backoff that kept a dead server's end_run going for 247 s) and a timeout that fits the time
+    left. MLflow reads these variables at every call, so setting them here takes effect now."""
+    if seconds is None:
+        yield
+        return
+    with environment(
+        MLFLOW_HTTP_REQUEST_MAX_RETRIES="0",
+        MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR="0",
+        # An int, in whole seconds, for MLflow; at least 1 or requests would never connect.
+        MLFLOW_HTTP_REQUEST_TIMEOUT=str(max(1, int(seconds))),
+    ):
+        yield
 
 
 def terminate(

@@ -10,7 +10,6 @@ from the server's own data, so the next sweep reaches the same decisions and fin
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -18,7 +17,7 @@ from mlflow.entities import RunTag, ViewType
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from lifeguard.backends.mlflow_runs import RUNNING, TAG_ENDED_BY
+from lifeguard.backends.mlflow_runs import RUNNING, TAG_ENDED_BY, environment
 from lifeguard.sweep import END, Decision, RunFacts, decide
 
 TYPE_CHECKING = False
@@ -54,26 +53,15 @@ class SweepReport:
         }
 
 
-@contextlib.contextmanager
-def _bounded_retries(timeout: float) -> Iterator[None]:
-    wanted = {
+def _bounded_retries(timeout: float) -> contextlib.AbstractContextManager[None]:
+    return environment(
         # MLflow prints a "View run" link per ended run to stdout: noise here, and it would
         # corrupt --json output.
-        "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
-        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3",
-        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-        "MLFLOW_HTTP_REQUEST_TIMEOUT": str(max(1, int(timeout))),
-    }
-    saved = {k: os.environ.get(k) for k in wanted}
-    os.environ.update(wanted)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT="true",
+        MLFLOW_HTTP_REQUEST_MAX_RETRIES="3",
+        MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR="1",
+        MLFLOW_HTTP_REQUEST_TIMEOUT=str(max(1, int(timeout))),
+    )
 
 
 def sweep(

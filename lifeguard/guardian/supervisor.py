@@ -140,14 +140,7 @@ def _watch_child(read_fd: int, proc: subprocess.Popen[bytes]) -> tuple[Evidence,
         os.close(pidfd)
     died_at = time.time()
     returncode = proc.wait()
-    # What the child wrote before it died is in the pipe now; its heirs may hold the pipe
-    # open for longer, so drain without blocking.
-    os.set_blocking(read_fd, False)
-    try:
-        while data := os.read(read_fd, 65536):
-            evidence.feed(data)
-    except BlockingIOError:
-        pass
+    evidence.drain(read_fd)
     return evidence, returncode, died_at
 
 

@@ -99,6 +99,16 @@ class Evidence:
         elif item.verb == "defer":
             self.deferred.setdefault(pid, []).extend(item.arg.split())
 
+    def drain(self, read_fd: int) -> None:
+        """Read what is left in the pipe without blocking: the process is dead, so all it wrote
+        is there, but heirs (forked children) may hold the write end open for long after."""
+        os.set_blocking(read_fd, False)
+        try:
+            while data := os.read(read_fd, 65536):
+                self.feed(data)
+        except OSError:  # BlockingIOError included: nothing more for now
+            pass
+
     def pending(self) -> list[int]:
         """Processes that started runs and did not report them finished."""
         return [pid for pid in self.uris if pid not in self.done or pid in self.deferred]
@@ -127,14 +137,7 @@ def watch(read_fd: int, parent: int) -> tuple[Evidence, float]:
         if pidfd is not None and pidfd in readable:
             break
     died_at = time.time()
-    # The parent is dead: whatever it wrote is already in the pipe. Drain without blocking
-    # (forked children may keep the write end open for a long while).
-    os.set_blocking(read_fd, False)
-    try:
-        while data := os.read(read_fd, 65536):
-            evidence.feed(data)
-    except (BlockingIOError, OSError):
-        pass
+    evidence.drain(read_fd)
     return evidence, died_at
 
 
