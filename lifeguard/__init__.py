@@ -55,14 +55,19 @@ def uninstall() -> None:
     api.uninstall()
 
 
-def register(finalizer: Callable[[Outcome], object], *, name: str | None = None) -> Handle:
+def register(
+    finalizer: Callable[[Outcome], object], *, name: str | None = None, ranks: object = "all"
+) -> Handle:
     """Register ``finalizer(outcome)`` to run at most once when the process ends.
 
-    Finalizers run newest first (like atexit). Returns a handle with ``.unregister()``.
+    Finalizers run newest first (like atexit). ``ranks`` is ``"all"`` (default), ``"zero"``
+    (rank 0 of a distributed job only), a rank, or a set of ranks; the rank is read when the
+    finalizer would run (see ``lifeguard.distributed``). Returns a handle with
+    ``.unregister()``.
     """
     from lifeguard import api
 
-    return api.register(finalizer, name=name)
+    return api.register(finalizer, name=name, ranks=ranks)
 
 
 def finish(exit_code: int = 0, *, outcome: Outcome | None = None) -> list[Report]:

@@ -145,8 +145,10 @@ def uninstall() -> None:
             _mlflow_handle = None
 
 
-def register(finalizer: Callable[[Outcome], object], *, name: str | None = None) -> Handle:
-    return _registry.add(finalizer, name)
+def register(
+    finalizer: Callable[[Outcome], object], *, name: str | None = None, ranks: object = "all"
+) -> Handle:
+    return _registry.add(finalizer, name, ranks)
 
 
 def finish(exit_code: int = 0, *, outcome: Outcome | None = None) -> list[Report]:

@@ -40,11 +40,16 @@ def time_left() -> float | None:
 class Handle:
     """What :func:`lifeguard.register` returns."""
 
-    __slots__ = ("__weakref__", "_registry", "fn", "name")
+    __slots__ = ("__weakref__", "_registry", "fn", "name", "ranks")
 
-    def __init__(self, name: str, fn: Finalizer, registry: Registry) -> None:
+    def __init__(
+        self, name: str, fn: Finalizer, registry: Registry, ranks: frozenset[int] | None = None
+    ) -> None:
         self.name = name
         self.fn = fn
+        # None: every rank. Otherwise the ranks it runs on, decided when it would run (the
+        # process group is usually set up after registration).
+        self.ranks = ranks
         self._registry = registry
 
     def unregister(self) -> bool:
@@ -56,7 +61,8 @@ class Handle:
 
 
 class Report:
-    """How one finalizer went: ``"ok"``, ``"raised"`` or ``"timed out"``."""
+    """How one finalizer went: ``"ok"``, ``"raised"``, ``"timed out"``, or ``"skipped"`` (not
+    for this rank)."""
 
     __slots__ = ("error", "name", "result", "seconds")
 
@@ -75,12 +81,12 @@ class Registry:
         self._lock = _thread.allocate_lock()  # not threading: see hooks.py on import cost
         self._handles: list[Handle] = []
 
-    def add(self, fn: Finalizer, name: str | None = None) -> Handle:
+    def add(self, fn: Finalizer, name: str | None = None, ranks: object = "all") -> Handle:
         if not callable(fn):
             raise TypeError(f"a finalizer must be callable, not {type(fn).__name__}")
         if name is not None and not isinstance(name, str):
             raise TypeError(f"name must be a string, not {type(name).__name__}")
-        handle = Handle(name or _describe(fn), fn, self)
+        handle = Handle(name or _describe(fn), fn, self, _parse_ranks(ranks))
         with self._lock:
             self._handles.append(handle)
         return handle
@@ -108,7 +114,15 @@ class Registry:
         with self._lock:
             pending = list(reversed(self._handles))
             self._handles.clear()
-        reports = []
+        if any(h.ranks is not None for h in pending):
+            from lifeguard.distributed import detect
+
+            rank = detect().rank
+            skipped = [h for h in pending if h.ranks is not None and rank not in h.ranks]
+            pending = [h for h in pending if h not in skipped]
+        else:
+            skipped = []
+        reports = [Report(h.name, "skipped", 0.0, None) for h in skipped]
         end = time.monotonic() + deadline
         for index, handle in enumerate(pending):
             share = max(0.0, end - time.monotonic()) / (len(pending) - index)
@@ -165,6 +179,20 @@ def _run_one(handle: Handle, outcome: Outcome, timeout: float) -> Report:
         )
         return Report(handle.name, "raised", seconds, error)
     return Report(handle.name, "ok", seconds, None)
+
+
+def _parse_ranks(ranks: object) -> frozenset[int] | None:
+    if ranks == "all":
+        return None
+    if ranks == "zero":
+        return frozenset({0})
+    if isinstance(ranks, int) and not isinstance(ranks, bool) and ranks >= 0:
+        return frozenset({ranks})
+    if isinstance(ranks, (list, tuple, set, frozenset)) and all(
+        isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in ranks
+    ):
+        return frozenset(ranks)
+    raise ValueError(f'ranks must be "all", "zero", a rank or a set of ranks, not {ranks!r}')
 
 
 def _describe(fn: object) -> str:

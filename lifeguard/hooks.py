@@ -228,8 +228,15 @@ class ProcessHooks:
                 # Back from a long C call while the helper finalizes for this very signal:
                 # let it finish rather than cut it short.
                 blocked.wait_for_take_over(lifecycle.options.deadline + 1.0)
-            # A second SIGINT/SIGTERM while finalizers run: the sender means it. Die now.
-            die_by_signal(signum)
+                die_by_signal(signum)
+            if lifecycle.outcome is not None and lifecycle.outcome.signum is not None:
+                # A second signal while finalizers run for the first: the sender means it.
+                die_by_signal(signum)
+            # The first signal, while finalizing an exit or a crash (torchrun's SIGTERM to the
+            # surviving ranks after one failed): the finalizers, bounded by the deadline, finish
+            # first; then the process dies of this signal, as it would have without us.
+            lifecycle.die_after_finalizing = signum
+            return
         active = lifecycle.owns_process() and lifecycle.is_installed()
         if callable(previous):
             if active:

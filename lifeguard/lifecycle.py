@@ -46,6 +46,8 @@ class Lifecycle:
         # The pipe to a guardian (watchdog or supervisor), if there is one.
         self.channel: Channel | None = None
         self.guardian_pid: int | None = None  # the watchdog's, if this process started one
+        # A signal that arrived while finalizing an exit or a crash: die of it once done.
+        self.die_after_finalizing: int | None = None
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -101,11 +103,23 @@ class Lifecycle:
             if self.channel is not None:
                 # Every run is ended, journaled or deferred: the guardian may stand down.
                 self.channel.send("done")
+            if self.die_after_finalizing is not None:
+                _die(self.die_after_finalizing)
 
     def uninstall(self) -> None:
         self.hooks.uninstall()
         if self.phase == Phase.INSTALLED:
             self.phase = Phase.UNINSTALLED
+
+
+def _die(signum: int) -> None:
+    from lifeguard.hooks import die_by_signal, is_main_thread
+
+    if is_main_thread():
+        die_by_signal(signum)
+    from lifeguard.blocked import die_from_any_thread
+
+    die_from_any_thread(signum)
 
 
 def _unreported_outcome() -> Outcome:

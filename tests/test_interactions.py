@@ -151,3 +151,21 @@ def test_async_metrics_are_flushed_before_the_run_ends(scenario: Scenario, store
     assert store.status(run_id) == "KILLED"
     history = store.client.get_metric_history(run_id, "async_loss")
     assert sorted(m.step for m in history) == list(range(200))
+
+
+def test_first_sigterm_while_finalizing_a_crash_waits_then_kills(
+    scenario: Scenario, store: Store
+) -> None:
+    """torchrun SIGTERMs the surviving ranks after one fails. A rank already finalizing its own
+    crash must not drop everything: its finalizers finish (within the deadline), the run says
+    why it really ended, and then the process dies of the SIGTERM."""
+    result = scenario.run(
+        "--path", "exception", "--blocking-finalizer", "--deadline", "2",
+        on_line={"FINALIZING": signal.SIGTERM},
+    )  # fmt: skip
+    assert "FINALIZING" in result.stdout
+    assert result.returncode == -signal.SIGTERM
+    [run_id] = result.ready["run_ids"]
+    assert store.status(run_id) == "FAILED"
+    assert store.run(run_id).data.tags["lifeguard.exception"] == "RuntimeError"
+    assert scenario.calls() == [(result.ready["pid"], "FAILED")]

@@ -410,3 +410,44 @@ def test_blocked_grace_zero_disables_the_helper() -> None:
         """
     )
     assert result.stdout.strip() == "-1", result.stderr
+
+
+# -- ranks ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("env", "rank", "world", "source"),
+    [
+        ({}, 0, 1, "single process"),
+        ({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8"}, 3, 8, "torchrun"),
+        ({"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "16"}, 5, 16, "slurm"),
+        ({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4"}, 2, 4, "openmpi"),
+        ({"PMI_RANK": "1", "PMI_SIZE": "2"}, 1, 2, "pmi"),
+        ({"RANK": "x"}, 0, 1, "single process"),
+    ],
+)
+def test_rank_detection(env: dict[str, str], rank: int, world: int, source: str) -> None:
+    from lifeguard.distributed import detect
+
+    info = detect(env)
+    assert (info.rank, info.world_size, info.source) == (rank, world, source)
+
+
+def test_rank_zero_finalizers_run_only_on_rank_zero(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    for rank, expected in (("0", ["zero", "all"]), ("1", ["all"])):
+        monkeypatch.setenv("RANK", rank)
+        calls.clear()
+        registry = Registry()
+        registry.add(lambda o: calls.append("all"), name="all")
+        registry.add(lambda o: calls.append("zero"), name="zero", ranks="zero")
+        reports = registry.run_all(Outcome.exited(0), deadline=5)
+        assert calls == expected
+        assert len(reports) == 2
+    assert [r.result for r in reports] == ["skipped", "ok"]
+
+
+@pytest.mark.parametrize("bad", ["first", -1, [0, "1"], True, 2.0])
+def test_bad_ranks_are_named(bad: object) -> None:
+    with pytest.raises(ValueError, match="ranks must be"):
+        Registry().add(print, ranks=bad)
