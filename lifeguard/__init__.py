@@ -29,6 +29,7 @@ __all__ = [
     "is_installed",
     "register",
     "uninstall",
+    "watchdog_pid",
 ]
 
 
@@ -76,6 +77,14 @@ def finish(exit_code: int = 0, *, outcome: Outcome | None = None) -> list[Report
     from lifeguard import api
 
     return api.finish(exit_code, outcome=outcome)
+
+
+def watchdog_pid() -> int | None:
+    """The pid of this process's watchdog sidecar, if ``install(watchdog=True)`` started one."""
+    from lifeguard import api
+
+    lifecycle = api.current()
+    return lifecycle.guardian_pid if lifecycle is not None else None
 
 
 def is_installed() -> bool:
