@@ -244,9 +244,18 @@ class ProcessHooks:
             outer, self._in_handler_for = self._in_handler_for, signum
             try:
                 previous(signum, frame)
+            except SystemExit:
+                # The handler ends the process (Ray's raises SystemExit(1); a user's may call
+                # sys.exit). Finalize now: Ray's worker then exits without running atexit.
+                if active:
+                    from lifeguard.outcome import Outcome
+
+                    lifecycle.finalize(Outcome.signalled(signum))
+                raise
             except BaseException:
-                # The handler ends the program (SystemExit, KeyboardInterrupt): it will unwind
-                # to atexit, which must run before MLflow's own hook.
+                # KeyboardInterrupt and the like unwind through the program, whose own
+                # `except KeyboardInterrupt:` cleanup (a last checkpoint) must come first; atexit
+                # finalizes, ahead of MLflow's own hook.
                 if active:
                     self.move_atexit_to_front()
                 raise

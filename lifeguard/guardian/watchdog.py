@@ -37,7 +37,7 @@ def start(deadline: float) -> tuple[Channel, int]:
 
     read_fd, write_fd = os.pipe()
     try:
-        proc = subprocess.Popen(
+        launcher = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
@@ -48,16 +48,34 @@ def start(deadline: float) -> tuple[Channel, int]:
             ],
             pass_fds=(read_fd,),
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
             start_new_session=True,
             # The watchdog must not think it is supervised by our own channel.
             env={k: v for k, v in os.environ.items() if k != ENV},
         )
+        # The launcher forks the watchdog and exits at once (see _detach): read its pid, reap
+        # the launcher, and leave no child of ours behind.
+        assert launcher.stdout is not None
+        pid = int(launcher.stdout.readline() or 0)
+        launcher.stdout.close()
+        launcher.wait()
     finally:
         os.close(read_fd)
-    # The Popen object is dropped on purpose: the watchdog outlives us, and waiting for it
-    # would defeat its purpose. While we live it does not exit, so it leaves no zombie.
-    return Channel(write_fd, WATCHDOG), proc.pid
+    return Channel(write_fd, WATCHDOG), pid
+
+
+def _detach() -> None:
+    """Become a grandchild of the program rather than its child. Process managers that clean up
+    a dead worker's children (Ray's raylet does) would otherwise kill the watchdog together
+    with the very program it is there to stand in for."""
+    pid = os.fork()
+    if pid:
+        sys.stdout.write(f"{pid}\n")
+        sys.stdout.flush()
+        os._exit(0)
+    sys.stdout.close()
+    os.close(1)
+    os.open(os.devnull, os.O_WRONLY)  # fd 1 again: nothing writes to the program's pipe
 
 
 class Evidence:
@@ -214,6 +232,7 @@ def main(argv: list[str]) -> int:
     # terminal must not take the guardian down with the program either.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _detach()
     evidence, died_at = watch(read_fd, parent)
     pending = evidence.pending()
     if not pending:
