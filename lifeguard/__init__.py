@@ -27,6 +27,7 @@ __all__ = [
     "finish",
     "install",
     "is_installed",
+    "on_preemption",
     "register",
     "uninstall",
     "watchdog_pid",
@@ -85,6 +86,14 @@ def watchdog_pid() -> int | None:
 
     lifecycle = api.current()
     return lifecycle.guardian_pid if lifecycle is not None else None
+
+
+def on_preemption(callback: Callable[[int], object], *, signals: object = ("SIGUSR1",)) -> object:
+    """Call ``callback(signum)`` on a preemption warning (Slurm's ``--signal=USR1@90``): the
+    run is tagged, not ended, and the process goes on. Returns a handle with ``.remove()``."""
+    from lifeguard import preemption
+
+    return preemption.on_preemption(callback, signals=signals)  # type: ignore[arg-type]
 
 
 def is_installed() -> bool:

@@ -147,15 +147,15 @@ def run_child(
     to_group: bool = False,
     to_ready_pid: bool = False,
     on_line: Mapping[str, int] | None = None,
-    after_ready: Callable[[], object] | None = None,
+    after_ready: Callable[[dict[str, object]], object] | None = None,
 ) -> ChildResult:
     """Start ``cmd``, wait for its ready line, send ``send`` signals in order, then wait for it.
 
     ``to_ready_pid`` sends the signals to the pid the ready line names (the program under a
     supervisor) instead of the process started. ``on_line`` maps a marker printed by the child
     later (e.g. ``"FINALIZING"``) to a signal to send when it appears: the way to hit a window
-    such as "during finalization" without sleeps. ``after_ready`` is called once the ready line
-    is read, before any signal: the moment to break something (a server) under the child.
+    such as "during finalization" without sleeps. ``after_ready(ready)`` is called once the ready
+    line is read, before any signal: the moment to break something (a server) under the child.
     Every wait is bounded by ``timeout``; on expiry the child is killed and ChildError raised.
     """
     started = time.monotonic()
@@ -210,7 +210,7 @@ def run_child(
             raise ChildError(f"no ready line within {timeout}s from {cmd}")
         if ready:
             if after_ready is not None:
-                after_ready()
+                after_ready(ready)
             for sig in send:
                 kill(sig)
         if close_stdin_after_signals and proc.stdin is not None:

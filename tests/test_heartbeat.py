@@ -50,7 +50,7 @@ def test_heartbeat_runs_while_training_and_stops_at_the_end(
     env = child_env(store, LIFEGUARD_HEARTBEAT="0.2")
     seen: list[int] = []
 
-    def watch_beats() -> None:
+    def watch_beats(ready: dict[str, object]) -> None:
         # Waits for the beat thread's effect on the store (bounded: the runner's timeout).
         result_run = None
         while len(set(seen)) < 3:

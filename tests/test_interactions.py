@@ -3,6 +3,7 @@ finalizers, impatient operators, nested and threaded runs, forked workers, expli
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 
@@ -169,3 +170,30 @@ def test_first_sigterm_while_finalizing_a_crash_waits_then_kills(
     assert store.status(run_id) == "FAILED"
     assert store.run(run_id).data.tags["lifeguard.exception"] == "RuntimeError"
     assert scenario.calls() == [(result.ready["pid"], "FAILED")]
+
+
+def test_preemption_warning_tags_and_goes_on_then_sigterm_ends(
+    scenario: Scenario, store: Store
+) -> None:
+    """Slurm's --signal=USR1@90: checkpoint and carry on; the SIGTERM later ends the run."""
+    lived_on: list[str] = []
+
+    def warn(ready: dict[str, object]) -> None:
+        [run_id] = ready["run_ids"]  # type: ignore[misc]
+        os.kill(int(ready["pid"]), signal.SIGUSR1)  # type: ignore[call-overload]
+        # The tag is written from a background thread: wait for it on the server (bounded).
+        deadline = time.monotonic() + 60
+        while "lifeguard.preemption_warning" not in store.run(run_id).data.tags:
+            assert time.monotonic() < deadline, "no preemption tag"
+            time.sleep(0.05)
+        lived_on.append(store.status(run_id))
+
+    result = scenario.run("--path", "SIGTERM", "--preemption", send=(signal.SIGTERM,),
+                          after_ready=warn)  # fmt: skip
+    assert f"CHECKPOINT {int(signal.SIGUSR1)}" in result.stdout
+    assert lived_on == ["RUNNING"]  # warned, not ended
+    assert result.returncode == -signal.SIGTERM
+    [run_id] = result.ready["run_ids"]
+    run = store.run(run_id)
+    assert run.info.status == "KILLED"
+    assert run.data.tags["lifeguard.preemption_warning"].startswith("SIGUSR1 at ")

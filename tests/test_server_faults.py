@@ -77,7 +77,7 @@ def test_hung_or_failing_server(
     env = server_env(store, proxy.uri.replace("http://", "http://alice:pa55@"))
     result = scenario.run(
         "--path", "SIGTERM", send=(signal.SIGTERM,), env=env,
-        after_ready=lambda: setattr(proxy, "mode", fault),
+        after_ready=lambda ready: setattr(proxy, "mode", fault),
     )  # fmt: skip
     assert result.returncode == -signal.SIGTERM, result.stderr
     [run_id] = result.ready["run_ids"]
@@ -104,7 +104,7 @@ def test_killed_server_then_back(scenario: Scenario, store: Store, tmp_path: Pat
     try:
         env = server_env(store, first.uri)
         result = scenario.run("--path", "sys.exit(3)", "--wait-stdin", env=env,
-                              after_ready=first.stop)  # fmt: skip
+                              after_ready=lambda ready: first.stop())  # fmt: skip
         assert result.returncode == 3, result.stderr
         [run_id] = result.ready["run_ids"]
         entry = assert_journaled(journal_dir(store), run_id)

@@ -43,6 +43,7 @@ parser.add_argument("--end-attached", action="store_true")
 parser.add_argument("--watchdog", action="store_true", help="install(watchdog=True)")
 parser.add_argument("--wait-replay", action="store_true", help="join install()'s journal replay")
 parser.add_argument("--wait-stdin", action="store_true", help="wait for stdin EOF, then exit")
+parser.add_argument("--preemption", action="store_true", help="checkpoint on SIGUSR1")
 parser.add_argument("--bare-exit", type=int, help="end with a bare `raise SystemExit(N)`")
 parser.add_argument("--async-metrics", type=int, default=0, help="queue N metrics asynchronously")
 args = parser.parse_args()
@@ -171,6 +172,14 @@ if args.fork:
     children.append(proc.pid or 0)
     for _ in range(2):
         os.read(read_fd, 1)
+
+if args.preemption:
+
+    def checkpoint(signum: int) -> None:
+        sys.stdout.write(f"CHECKPOINT {signum}\n")
+        sys.stdout.flush()
+
+    lifeguard.on_preemption(checkpoint)
 
 if args.finish_first:
     lifeguard.finish()

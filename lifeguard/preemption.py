@@ -1,0 +1,93 @@
+"""Preemption warnings: a signal that says "you will be stopped soon", not "stop now".
+
+Slurm's ``--signal=USR1@90`` sends SIGUSR1 90 s before the end of a job's time; other schedulers
+have their own. The program wants to checkpoint, not to die. ``on_preemption(callback)`` hooks
+such signals (SIGUSR1 by default): each time one arrives the callbacks run in the main thread,
+and the process's runs are tagged ``lifeguard.preemption_warning`` (the signal and the time),
+from a background thread so that a slow server never delays the program. The run is not ended
+and the process does not exit; the SIGTERM that follows ends the run KILLED as usual.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+from lifeguard._log import logger
+from lifeguard.options import parse_signals
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+    from types import FrameType
+
+__all__ = ["TAG_WARNING", "on_preemption"]
+
+TAG_WARNING = "lifeguard.preemption_warning"
+
+_callbacks: list[Callable[[int], object]] = []
+_previous: dict[int, object] = {}
+
+
+class PreemptionHandle:
+    def __init__(self, callback: Callable[[int], object]) -> None:
+        self.callback = callback
+
+    def remove(self) -> None:
+        try:
+            _callbacks.remove(self.callback)
+        except ValueError:
+            pass
+
+
+def on_preemption(
+    callback: Callable[[int], object], *, signals: Iterable[str | int] = ("SIGUSR1",)
+) -> PreemptionHandle:
+    """Call ``callback(signum)`` when a preemption warning arrives. Main thread only."""
+    if not callable(callback):
+        raise TypeError(f"callback must be callable, not {type(callback).__name__}")
+    signums = parse_signals(list(signals), "signals")
+    if not signums:
+        raise ValueError("signals: at least one signal is needed")
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError("lifeguard.on_preemption() must be called from the main thread")
+    for signum in signums:
+        if signum not in _previous:
+            _previous[signum] = signal.signal(signum, _on_warning)
+    _callbacks.append(callback)
+    return PreemptionHandle(callback)
+
+
+def _on_warning(signum: int, frame: FrameType | None) -> None:
+    stamp = int(time.time() * 1000)
+    for callback in list(_callbacks):
+        try:
+            callback(signum)
+        except Exception as exc:  # noqa: BLE001 - a checkpoint that fails must not kill the job
+            logger().error("lifeguard: preemption callback %r raised: %s", callback, exc)
+    previous = _previous.get(signum)
+    if callable(previous):
+        previous(signum, frame)
+    threading.Thread(
+        target=_tag_runs, args=(signum, stamp), name="lifeguard-preemption", daemon=True
+    ).start()
+
+
+def _tag_runs(signum: int, stamp: int) -> None:
+    import sys
+
+    fluent = sys.modules.get("mlflow.tracking.fluent")
+    if fluent is None:
+        return
+    try:
+        from mlflow.tracking import MlflowClient
+
+        from lifeguard.backends.mlflow import owned_active_runs
+
+        client = MlflowClient()
+        value = f"{signal.Signals(signum).name} at {stamp}"
+        for run_id in owned_active_runs(fluent):
+            client.set_tag(run_id, TAG_WARNING, value)
+    except Exception as exc:  # noqa: BLE001 - a warning tag is worth a log line, not a crash
+        logger().warning("lifeguard: could not tag the preemption warning: %s", exc)
