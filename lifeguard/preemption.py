@@ -6,6 +6,10 @@ such signals (SIGUSR1 by default): each time one arrives the callbacks run in th
 and the process's runs are tagged ``lifeguard.preemption_warning`` (the signal and the time),
 from a background thread so that a slow server never delays the program. The run is not ended
 and the process does not exit; the SIGTERM that follows ends the run KILLED as usual.
+
+The callbacks run inside a Python signal handler, in the main thread, between two bytecodes
+of whatever it was doing: keep them short and set a flag that the training loop acts on (a
+``print`` may even meet a stdout that is half-way through a flush).
 """
 
 from __future__ import annotations

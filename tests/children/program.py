@@ -176,8 +176,9 @@ if args.fork:
 if args.preemption:
 
     def checkpoint(signum: int) -> None:
-        sys.stdout.write(f"CHECKPOINT {signum}\n")
-        sys.stdout.flush()
+        # Runs inside a signal handler: os.write, not print, which may be mid-flush of the
+        # ready line (a "reentrant call" RuntimeError). A real program sets a flag here.
+        os.write(1, f"CHECKPOINT {signum}\n".encode())
 
     lifeguard.on_preemption(checkpoint)
 
