@@ -100,6 +100,9 @@ class BlockedMainThread:
     # -- the helper thread -------------------------------------------------------------------
 
     def _run(self) -> None:
+        # Signals are the main thread's to take: were one delivered here instead, the main
+        # thread blocked in a system call would never be interrupted to run its handler.
+        _signal.pthread_sigmask(_signal.SIG_BLOCK, _signal.valid_signals())
         while True:
             try:
                 data = os.read(self._read_fd, 512)
