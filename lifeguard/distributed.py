@@ -32,10 +32,6 @@ class RankInfo:
         self.world_size = world_size
         self.source = source
 
-    @property
-    def is_zero(self) -> bool:
-        return self.rank == 0
-
     def __repr__(self) -> str:
         return (
             f"RankInfo(rank={self.rank}/{self.world_size}, local={self.local_rank}, {self.source})"

@@ -180,9 +180,6 @@ class ProcessHooks:
                 _signal.signal(signum, previous)
         self._saved_signals.clear()
 
-    def hooked_signals(self) -> tuple[int, ...]:
-        return tuple(self._saved_signals)
-
     def move_atexit_to_front(self) -> None:
         """atexit runs last-registered-first. Re-registering puts our hook ahead of any hook
         registered since install(), MLflow's always-FINISHED ``_safe_end_run`` included."""

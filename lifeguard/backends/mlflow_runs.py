@@ -20,6 +20,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
+    from mlflow.entities import Run
+
     from lifeguard.outcome import Outcome
 
 __all__ = [
@@ -32,6 +34,8 @@ __all__ = [
 ]
 
 RUNNING = "RUNNING"
+PAGE = 1000  # runs per search request
+EXPERIMENTS_PER_SEARCH = 100
 TAG_ENDED_BY = "lifeguard.ended_by"
 
 # Results of terminate() / replay.
@@ -160,36 +164,47 @@ def replay_journal(
     return counts
 
 
-def find_running_owned_by(client: MlflowClient, owner: Owner) -> list[str]:
-    """Ids of the RUNNING runs whose owner tags name ``owner``, across all experiments."""
-    experiment_ids: list[str] = []
+def all_experiment_ids(client: MlflowClient) -> list[str]:
+    ids: list[str] = []
     token = None
     while True:
         page = client.search_experiments(view_type=ViewType.ACTIVE_ONLY, page_token=token)
-        experiment_ids.extend(e.experiment_id for e in page)
+        ids.extend(e.experiment_id for e in page)
         token = page.token
         if not token:
-            break
-    query = f"tags.`{TAG_PID}` = '{owner.pid}' and attributes.status = '{RUNNING}'"
-    found = []
+            return ids
+
+
+def iter_running(
+    client: MlflowClient, experiment_ids: list[str], extra_filter: str = ""
+) -> Iterator[Run]:
+    """Every RUNNING run in those experiments, paged with a server-side filter."""
+    query = f"attributes.status = '{RUNNING}'" + (f" and {extra_filter}" if extra_filter else "")
     # MLflow caps the experiments per search request; ask in slices.
-    for start in range(0, len(experiment_ids), 100):
+    for start in range(0, len(experiment_ids), EXPERIMENTS_PER_SEARCH):
         token = None
         while True:
-            runs = client.search_runs(
-                experiment_ids[start : start + 100],
+            page = client.search_runs(
+                experiment_ids[start : start + EXPERIMENTS_PER_SEARCH],
                 filter_string=query,
                 run_view_type=ViewType.ACTIVE_ONLY,
-                max_results=1000,
+                max_results=PAGE,
                 page_token=token,
             )
-            for run in runs:
-                tagged = Owner.from_tags(dict(run.data.tags))
-                if tagged is not None and tagged.same_process(owner):
-                    found.append(run.info.run_id)
-            token = runs.token
+            yield from page
+            token = page.token
             if not token:
                 break
+
+
+def find_running_owned_by(client: MlflowClient, owner: Owner) -> list[str]:
+    """Ids of the RUNNING runs whose owner tags name ``owner``, across all experiments."""
+    runs = iter_running(client, all_experiment_ids(client), f"tags.`{TAG_PID}` = '{owner.pid}'")
+    found = []
+    for run in runs:
+        tagged = Owner.from_tags(dict(run.data.tags))
+        if tagged is not None and tagged.same_process(owner):
+            found.append(run.info.run_id)
     return found
 
 

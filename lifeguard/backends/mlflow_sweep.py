@@ -13,11 +13,16 @@ import contextlib
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from mlflow.entities import RunTag, ViewType
+from mlflow.entities import RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from lifeguard.backends.mlflow_runs import RUNNING, TAG_ENDED_BY, environment
+from lifeguard.backends.mlflow_runs import (
+    TAG_ENDED_BY,
+    all_experiment_ids,
+    environment,
+    iter_running,
+)
 from lifeguard.sweep import END, Decision, RunFacts, decide
 
 TYPE_CHECKING = False
@@ -27,8 +32,6 @@ if TYPE_CHECKING:
 __all__ = ["SweepError", "SweepReport", "sweep"]
 
 STATUS = "KILLED"
-PAGE = 1000
-EXPERIMENTS_PER_SEARCH = 100
 
 
 class SweepError(RuntimeError):
@@ -120,14 +123,7 @@ def sweep(
 
 def _experiment_ids(client: MlflowClient, wanted: Sequence[str]) -> list[str]:
     if not wanted:
-        ids: list[str] = []
-        token = None
-        while True:
-            page = client.search_experiments(view_type=ViewType.ACTIVE_ONLY, page_token=token)
-            ids.extend(e.experiment_id for e in page)
-            token = page.token
-            if not token:
-                return ids
+        return all_experiment_ids(client)
     ids = []
     for name_or_id in wanted:
         experiment = client.get_experiment_by_name(name_or_id)
@@ -141,29 +137,16 @@ def _experiment_ids(client: MlflowClient, wanted: Sequence[str]) -> list[str]:
 
 
 def _running(client: MlflowClient, experiment_ids: list[str]) -> Iterator[RunFacts]:
-    for start in range(0, len(experiment_ids), EXPERIMENTS_PER_SEARCH):
-        token = None
-        while True:
-            page = client.search_runs(
-                experiment_ids[start : start + EXPERIMENTS_PER_SEARCH],
-                filter_string=f"attributes.status = '{RUNNING}'",
-                run_view_type=ViewType.ACTIVE_ONLY,
-                max_results=PAGE,
-                page_token=token,
-            )
-            for run in page:
-                metrics = getattr(run.data, "_metric_objs", None) or []
-                last_metric = max((m.timestamp for m in metrics), default=None)
-                yield RunFacts(
-                    run.info.run_id,
-                    run.info.experiment_id,
-                    run.info.start_time or 0,
-                    dict(run.data.tags),
-                    last_metric,
-                )
-            token = page.token
-            if not token:
-                break
+    for run in iter_running(client, experiment_ids):
+        metrics = getattr(run.data, "_metric_objs", None) or []
+        last_metric = max((m.timestamp for m in metrics), default=None)
+        yield RunFacts(
+            run.info.run_id,
+            run.info.experiment_id,
+            run.info.start_time or 0,
+            dict(run.data.tags),
+            last_metric,
+        )
 
 
 def _end(client: MlflowClient, decision: Decision) -> str | None:

@@ -17,14 +17,12 @@ lifeguard.
 from __future__ import annotations
 
 import os
-import select
 import signal
 import subprocess
 import sys
-import time
 
 from lifeguard.guardian.channel import ENV, SUPERVISOR, Channel
-from lifeguard.guardian.watchdog import Evidence, decide, finalize_leftovers
+from lifeguard.guardian.watchdog import Evidence, decide, finalize_leftovers, wait_for_exit
 from lifeguard.hooks import die_by_signal
 from lifeguard.outcome import Outcome
 
@@ -121,27 +119,13 @@ class SupervisorError(RuntimeError):
 
 
 def _watch_child(read_fd: int, proc: subprocess.Popen[bytes]) -> tuple[Evidence, int, float]:
-    """Read the channel until the child exits (pidfd: no polling), then reap it."""
-    evidence = Evidence()
+    """Read the channel until the child exits, then reap it for its exact status."""
     pidfd = os.pidfd_open(proc.pid)
     try:
-        open_fds = [read_fd, pidfd]
-        while True:
-            readable, _, _ = select.select(open_fds, [], [])
-            if read_fd in readable:
-                data = os.read(read_fd, 65536)
-                if data:
-                    evidence.feed(data)
-                else:
-                    open_fds.remove(read_fd)  # every writer gone; wait for the exit itself
-            if pidfd in readable:
-                break
+        evidence, died_at = wait_for_exit(read_fd, pidfd)
     finally:
         os.close(pidfd)
-    died_at = time.time()
-    returncode = proc.wait()
-    evidence.drain(read_fd)
-    return evidence, returncode, died_at
+    return evidence, proc.wait(), died_at
 
 
 def _die_like_child(signum: int) -> None:

@@ -134,11 +134,22 @@ class Evidence:
 
 def watch(read_fd: int, parent: int) -> tuple[Evidence, float]:
     """Block until the parent is gone; return what it said and the time of death."""
-    evidence = Evidence()
     try:
         pidfd: int | None = os.pidfd_open(parent)
     except (AttributeError, OSError):  # no pidfd (old kernel) or parent already gone
         pidfd = None
+    try:
+        return wait_for_exit(read_fd, pidfd)
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def wait_for_exit(read_fd: int, pidfd: int | None) -> tuple[Evidence, float]:
+    """Read the channel until the process behind ``pidfd`` exits (no polling: both wake
+    select). Without a pidfd, EOF on the channel stands for the exit. Returns the evidence and
+    the time of death."""
+    evidence = Evidence()
     watched = [read_fd] + ([pidfd] if pidfd is not None else [])
     while True:
         readable, _, _ = select.select(watched, [], [])
@@ -147,10 +158,10 @@ def watch(read_fd: int, parent: int) -> tuple[Evidence, float]:
             if data:
                 evidence.feed(data)
             elif pidfd is None:
-                break  # EOF and no pidfd: every writer is gone, the parent with them
+                break  # EOF and no pidfd: every writer is gone, the process with them
             else:
-                # EOF while the pidfd says the parent lives: it exec'd (the pipe is
-                # close-on-exec). Its runs may still be in use: wait for the real exit.
+                # EOF while the process lives: it exec'd (the pipe is close-on-exec), or it
+                # closed the channel. Its runs may still be in use: wait for the real exit.
                 watched.remove(read_fd)
         if pidfd is not None and pidfd in readable:
             break
