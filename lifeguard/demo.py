@@ -108,9 +108,13 @@ def enact(path: str) -> None:
 
 
 def announce(**info: object) -> None:
-    """The ready line: the parent may signal us once it has read it."""
-    sys.stdout.write(f"{READY} {json.dumps(info)}\n")
+    """The ready line: the parent may signal us once it has read it.
+
+    Written with os.write, not through sys.stdout: the parent signals us the moment the line
+    reaches the pipe, and a signal handler that prints would otherwise find the buffered
+    stdout still inside this flush ("reentrant call" RuntimeError)."""
     sys.stdout.flush()
+    os.write(sys.stdout.fileno(), f"{READY} {json.dumps(info)}\n".encode())
 
 
 # -- the parent side --------------------------------------------------------------------------

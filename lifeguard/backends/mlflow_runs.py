@@ -69,6 +69,11 @@ def bounded_http(seconds: float | None) -> Iterator[None]:
         yield
         return
     with environment(
+        # MLflow prints a "View run" link to stdout when a run ends. A finalizer runs in its own
+        # thread while the main thread may sit, interrupted by the signal, inside a print: that
+        # write would wait on stdout's lock until the deadline. (From a guardian it would also
+        # be output the program never wrote.)
+        MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT="true",
         MLFLOW_HTTP_REQUEST_MAX_RETRIES="0",
         MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR="0",
         # An int, in whole seconds, for MLflow; at least 1 or requests would never connect.

@@ -201,9 +201,6 @@ def finalize_leftovers(
 
     results: dict[str, str] = {}
     journal = Journal()
-    # MLflow prints a "View run" link when it ends a run; from a guardian that would be output
-    # the program never wrote (the supervisor shares the program's stdout).
-    os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
     with mlflow_runs.bounded_http(deadline):
         for pid in evidence.pending():
             outcome = outcomes[pid]

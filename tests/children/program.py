@@ -59,8 +59,7 @@ def lifeguard_preinstalled() -> bool:
 if args.user_sigterm:
 
     def user_sigterm(signum: int, frame: object) -> None:
-        sys.stdout.write("USER-HANDLER\n")
-        sys.stdout.flush()
+        os.write(1, b"USER-HANDLER\n")  # a signal handler: no buffered I/O
         if args.user_sigterm == "exit7":
             sys.exit(7)
 
@@ -103,8 +102,7 @@ if args.order != "none" and not lifeguard_preinstalled():
     if args.blocking_finalizer:
 
         def block(outcome: lifeguard.Outcome) -> None:
-            sys.stdout.write("FINALIZING\n")
-            sys.stdout.flush()
+            os.write(1, b"FINALIZING\n")
             threading.Event().wait()
 
         lifeguard.register(block, name="block")
