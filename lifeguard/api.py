@@ -24,6 +24,8 @@ _current: Lifecycle | None = None
 _mlflow_handle: Handle | None = None
 _fork_hook_registered = False
 _faulthandler_ours = False
+# channel.ENV, spelled out so that install() need not import the channel module to check it.
+GUARDIAN_ENV = "LIFEGUARD_GUARDIAN"
 # The background replay of journaled statuses started by install(), if there was anything.
 replay_thread: object | None = None
 
@@ -80,6 +82,10 @@ def install(**options: object) -> None:
 def _connect_guardian(lifecycle: Lifecycle) -> None:
     """A supervisor's channel (inherited through the environment) wins; else start a watchdog
     if asked. Either way the guardian learns about os._exit; a watchdog also about crashes."""
+    import os
+
+    if GUARDIAN_ENV not in os.environ and not lifecycle.options.watchdog:
+        return  # the common case: no guardian, nothing more to import at start-up
     from lifeguard.guardian.channel import WATCHDOG, Channel
 
     channel = Channel.from_env()

@@ -51,9 +51,21 @@ def test_bare_system_exit_is_known_exactly(
     assert run.data.tags["lifeguard.ended_by"] == "supervisor"
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+@pytest.mark.parametrize(
+    ("sig", "ended_by"),
+    [
+        # Hooked in the unedited program (autoboot): it ends its own run.
+        (signal.SIGTERM, "process"),
+        (signal.SIGINT, "process"),
+        (signal.SIGHUP, "process"),
+        # Forwarded too, but not hooked: the program dies of the default action and the
+        # supervisor, which sees the signal in waitpid, ends the run.
+        (signal.SIGUSR1, "supervisor"),
+        (signal.SIGUSR2, "supervisor"),
+    ],
+)
 def test_signals_to_the_supervisor_reach_the_program(
-    scenario: Scenario, store: Store, sig: int
+    scenario: Scenario, store: Store, sig: int, ended_by: str
 ) -> None:
     # stdin stays open: the program must be ended by the forwarded signal, not by EOF.
     result = scenario.run(
@@ -64,25 +76,7 @@ def test_signals_to_the_supervisor_reach_the_program(
     run = store.run(run_id)
     assert run.info.status == "KILLED"
     assert run.data.tags["lifeguard.signal"] == signal.Signals(sig).name
-    # The unedited program got the in-process hooks: it ended its own run.
-    assert run.data.tags["lifeguard.ended_by"] == "process"
-
-
-@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGUSR2])
-def test_unhooked_forwarded_signals_are_finalized_by_the_supervisor(
-    scenario: Scenario, store: Store, sig: int
-) -> None:
-    """SIGUSR1/2 are forwarded too; the program does not hook them and dies of the default
-    action, so the supervisor, which sees the signal in waitpid, ends the run."""
-    result = scenario.run(
-        "--path", "SIGTERM", send=(sig,), launcher=RUN, close_stdin_after_signals=False
-    )
-    assert result.returncode == -sig
-    [run_id] = result.ready["run_ids"]
-    run = store.run(run_id)
-    assert run.info.status == "KILLED"
-    assert run.data.tags["lifeguard.signal"] == signal.Signals(sig).name
-    assert run.data.tags["lifeguard.ended_by"] == "supervisor"
+    assert run.data.tags["lifeguard.ended_by"] == ended_by
 
 
 @pytest.mark.parametrize("path", ["sys.exit(3)", "exception", "return"])

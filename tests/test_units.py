@@ -451,3 +451,10 @@ def test_rank_zero_finalizers_run_only_on_rank_zero(monkeypatch: pytest.MonkeyPa
 def test_bad_ranks_are_named(bad: object) -> None:
     with pytest.raises(ValueError, match="ranks must be"):
         Registry().add(print, ranks=bad)
+
+
+def test_install_checks_the_guardian_variable_the_channel_uses() -> None:
+    from lifeguard import api
+    from lifeguard.guardian import channel
+
+    assert api.GUARDIAN_ENV == channel.ENV
