@@ -246,17 +246,34 @@ def run_child(
 
 def child_main(path: str, with_lifeguard: bool) -> None:
     prepare(path)
+    watchdog = None
     if with_lifeguard:
         import lifeguard
 
-        lifeguard.install()
+        # The deaths no hook can see need the guardian; the other paths show install() alone.
+        lifeguard.install(watchdog=path in DEATHS)
+        watchdog = lifeguard.watchdog_pid()
     import mlflow
 
     mlflow.set_experiment("lifeguard-demo")
     run = mlflow.start_run(run_name=path)
     mlflow.log_metric("loss", 0.5, step=1)
-    announce(run_id=run.info.run_id, pid=os.getpid())
+    announce(run_id=run.info.run_id, pid=os.getpid(), watchdog=watchdog)
     enact(path)
+
+
+def wait_gone(pid: int, timeout: float = 60.0) -> bool:
+    """Wait for a process that is not our child (a watchdog): pidfd, no polling."""
+    import select
+
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([fd], [], [], timeout)[0])
+    finally:
+        os.close(fd)
 
 
 # -- the demo -------------------------------------------------------------------------------
@@ -286,32 +303,36 @@ def main(argv: Sequence[str] | None = None, *, jobs: int = 4) -> int:
         client = MlflowClient(tracking_uri=uri)
         client.search_experiments()  # creates the schema once, before children race to
         env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONWARNINGS": "ignore"}
-        out.write(f"lifeguard demo: {len(PATHS)} exit paths, raw MLflow vs lifeguard ({uri})\n")
+        paths = {**PATHS, **DEATHS}
+        out.write(f"lifeguard demo: {len(paths)} exit paths, raw MLflow vs lifeguard ({uri})\n")
         out.flush()
 
         def one(path: str, with_lifeguard: bool) -> tuple[str, int, str]:
             cmd = [sys.executable, "-m", "lifeguard.demo", "--child", path]
             if with_lifeguard:
                 cmd.append("--with-lifeguard")
-            sig = PATHS[path][1]
+            sig = paths[path][1]
             result = run_child(cmd, env=env, send=() if sig is None else (sig,))
+            if result.ready.get("watchdog"):
+                wait_gone(int(result.ready["watchdog"]))  # type: ignore[call-overload]
             run = client.get_run(str(result.ready["run_id"]))
             return run.info.status, result.returncode, run.info.end_time
 
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             futures = {
-                (path, lg): pool.submit(one, path, lg) for path in PATHS for lg in (False, True)
+                (path, lg): pool.submit(one, path, lg) for path in paths for lg in (False, True)
             }
             rows = []
             honest = True
-            for path in PATHS:
+            for path in paths:
                 raw_status, raw_rc, _ = futures[(path, False)].result()
                 status, rc, end_time = futures[(path, True)].result()
                 expected = Outcome.from_wait_status(rc).status.value
                 # The truth, a real end time, and the very exit status raw MLflow had.
                 ok = status == expected and end_time is not None and rc == raw_rc
                 honest &= ok
-                rows.append((PATHS[path][0], raw_status, status, describe_exit(rc), ok))
+                label = paths[path][0] + (" [watchdog]" if path in DEATHS else "")
+                rows.append((label, raw_status, status, describe_exit(rc), ok))
     headers = ("exit path", "raw MLflow", "with lifeguard", "exit code")
     widths = [max(len(h), *(len(str(r[i])) for r in rows)) for i, h in enumerate(headers)]
     line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
@@ -321,7 +342,9 @@ def main(argv: Sequence[str] | None = None, *, jobs: int = 4) -> int:
         out.write("  ".join(cells) + ("" if row[4] else "  <- wrong") + "\n")
     out.write(
         "\nraw MLflow: its atexit hook writes FINISHED whatever happened, and a signal leaves the"
-        "\nrun RUNNING forever. lifeguard: the status the exit code says, the same exit code.\n"
+        "\nrun RUNNING forever. lifeguard: the status the exit code says, the same exit code;"
+        "\n[watchdog]: with the sidecar on, which ends the runs of deaths that run no Python code"
+        "\n(a main thread stuck in C is finalized in-process by a helper thread).\n"
     )
     return 0 if honest else 1
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import select
 import shutil
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from lifeguard.demo import ChildResult, run_child
+from lifeguard.demo import wait_gone as demo_wait_gone
 
 if TYPE_CHECKING:
     pass
@@ -75,15 +75,7 @@ def child_env(store: Store, **extra: str) -> dict[str, str]:
 
 def wait_gone(pid: int, timeout: float = 60.0) -> None:
     """Wait for a process we are not the parent of (a watchdog, a reparented fork child)."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    try:
-        readable, _, _ = select.select([fd], [], [], timeout)
-    finally:
-        os.close(fd)
-    assert readable, f"process {pid} still alive after {timeout}s"
+    assert demo_wait_gone(pid, timeout), f"process {pid} still alive after {timeout}s"
 
 
 @pytest.fixture(autouse=True)
