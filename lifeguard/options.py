@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 else:
     import _signal  # not signal: see hooks.py on import cost
 if TYPE_CHECKING:  # typing costs ~6 ms to import; lifeguard's import budget is 5 ms in all
-    from collections.abc import Iterable, Mapping
+    from collections.abc import Callable, Iterable, Mapping
 
 __all__ = ["DEFAULT_DEADLINE", "DEFAULT_SIGNALS", "Options", "parse_signals"]
 
@@ -34,15 +34,6 @@ _NOT_FATAL = frozenset(
 )
 _INF = float("inf")
 
-_ENV = {
-    "signals": "LIFEGUARD_SIGNALS",
-    "deadline": "LIFEGUARD_DEADLINE",
-    "mlflow": "LIFEGUARD_MLFLOW",
-    "end_attached": "LIFEGUARD_END_ATTACHED",
-    "watchdog": "LIFEGUARD_WATCHDOG",
-    "blocked_grace": "LIFEGUARD_BLOCKED_GRACE",
-    "heartbeat": "LIFEGUARD_HEARTBEAT",
-}
 
 # Seconds between heartbeats (see backends/mlflow_heartbeat.py for why 60).
 DEFAULT_HEARTBEAT = 60.0
@@ -70,7 +61,7 @@ class Options:
 
     def __init__(
         self,
-        signals: tuple[int, ...] = (),
+        signals: tuple[int, ...] | None = None,
         deadline: float = DEFAULT_DEADLINE,
         mlflow: bool = True,
         end_attached: bool = False,
@@ -78,7 +69,7 @@ class Options:
         blocked_grace: float = DEFAULT_BLOCKED_GRACE,
         heartbeat: float = DEFAULT_HEARTBEAT,
     ) -> None:
-        self.signals = signals
+        self.signals = parse_signals(DEFAULT_SIGNALS) if signals is None else signals
         self.deadline = deadline
         self.mlflow = mlflow
         self.end_attached = end_attached
@@ -108,29 +99,14 @@ class Options:
                 f"valid options are {', '.join(sorted(known))}"
             )
 
-        def pick(name: str) -> tuple[object, str]:
+        options = cls()  # the defaults; overridden below by the environment, then kwargs
+        for name, parse in _PARSERS.items():
+            var = "LIFEGUARD_" + name.upper()
             if name in kwargs:
-                return kwargs[name], f"option {name!r}"
-            var = _ENV[name]
-            if var in env:
-                return env[var], f"environment variable {var}"
-            return None, ""
-
-        raw, origin = pick("signals")
-        signals = parse_signals(DEFAULT_SIGNALS if raw is None else raw, origin or "signals")
-        raw, origin = pick("deadline")
-        deadline = DEFAULT_DEADLINE if raw is None else _parse_seconds(raw, origin)
-        raw, origin = pick("mlflow")
-        use_mlflow = True if raw is None else _parse_bool(raw, origin)
-        raw, origin = pick("end_attached")
-        end_attached = False if raw is None else _parse_bool(raw, origin)
-        raw, origin = pick("watchdog")
-        watchdog = False if raw is None else _parse_bool(raw, origin)
-        raw, origin = pick("blocked_grace")
-        grace = DEFAULT_BLOCKED_GRACE if raw is None else _parse_seconds(raw, origin, zero=True)
-        raw, origin = pick("heartbeat")
-        beat = DEFAULT_HEARTBEAT if raw is None else _parse_seconds(raw, origin, zero=True)
-        return cls(signals, deadline, use_mlflow, end_attached, watchdog, grace, beat)
+                setattr(options, name, parse(kwargs[name], f"option {name!r}"))
+            elif var in env:
+                setattr(options, name, parse(env[var], f"environment variable {var}"))
+        return options
 
 
 def parse_signals(value: object, origin: str = "signals") -> tuple[int, ...]:
@@ -213,3 +189,15 @@ def _parse_bool(value: object, origin: str) -> bool:
         if lowered in _FALSE:
             return False
     raise ValueError(f"{origin} must be true or false, not {value!r}")
+
+
+# Each option's parser; its environment variable is LIFEGUARD_ + the name in capitals.
+_PARSERS: dict[str, Callable[[object, str], object]] = {
+    "signals": parse_signals,
+    "deadline": _parse_seconds,
+    "mlflow": _parse_bool,
+    "end_attached": _parse_bool,
+    "watchdog": _parse_bool,
+    "blocked_grace": lambda raw, origin: _parse_seconds(raw, origin, zero=True),
+    "heartbeat": lambda raw, origin: _parse_seconds(raw, origin, zero=True),
+}
