@@ -29,6 +29,7 @@ __all__ = [
     "is_installed",
     "on_preemption",
     "register",
+    "track",
     "uninstall",
     "watchdog_pid",
 ]
@@ -40,7 +41,9 @@ def install(**options: object) -> None:
     Idempotent. Options (each also settable by an environment variable, see the README):
     ``signals`` (default SIGINT, SIGTERM, SIGHUP), ``deadline`` (seconds for all finalizers,
     default 10), ``mlflow`` (end MLflow runs, default True), ``end_attached`` (also end runs
-    attached through MLFLOW_RUN_ID, default False).
+    attached through MLFLOW_RUN_ID, default False), ``trackers`` (the other trackers to end
+    when the program uses them, default tensorboard, wandb, swanlab, trackio), and the guardian
+    options ``watchdog``, ``blocked_grace``, ``heartbeat``.
 
     Raises TypeError/ValueError naming a bad option, and RuntimeError when called outside the
     main thread with signals to hook (pass ``signals=()`` there).
@@ -70,6 +73,18 @@ def register(
     from lifeguard import api
 
     return api.register(finalizer, name=name, ranks=ranks)
+
+
+def track(
+    obj: object, *, method: str | None = None, name: str | None = None, ranks: object = "all"
+) -> Handle:
+    """End any tracker object when the process ends: register a finalizer that calls its
+    ``finish``, ``close`` or ``end`` (or ``method``), passing ``exit_code``, ``status``,
+    ``outcome`` or ``reason`` if the method takes a parameter of that name. TypeError if the
+    object has no such method. Returns the handle, as :func:`register` does."""
+    from lifeguard import api
+
+    return api.track(obj, method=method, name=name, ranks=ranks)
 
 
 def finish(exit_code: int = 0, *, outcome: Outcome | None = None) -> list[Report]:

@@ -16,12 +16,13 @@ if TYPE_CHECKING:
     from lifeguard.finalizers import Report
     from lifeguard.outcome import Outcome
 
-__all__ = ["current", "finish", "install", "is_installed", "register", "uninstall"]
+__all__ = ["current", "finish", "install", "is_installed", "register", "track", "uninstall"]
 
 _lock = _thread.RLock()
 _registry = Registry()
 _current: Lifecycle | None = None
-_mlflow_handle: Handle | None = None
+# The built-in backend finalizers install() registered, so that uninstall() can remove them.
+_builtin_handles: list[Handle] = []
 _fork_hook_registered = False
 _faulthandler_ours = False
 # channel.ENV, spelled out so that install() need not import the channel module to check it.
@@ -44,7 +45,7 @@ def is_installed() -> bool:
 
 
 def install(**options: object) -> None:
-    global _current, _mlflow_handle
+    global _current
     parsed = Options.from_kwargs(options)
     with _lock:
         existing = current()
@@ -66,17 +67,34 @@ def install(**options: object) -> None:
         _current = lifecycle
         _connect_guardian(lifecycle)
         _replay_journal_in_background()
-        if parsed.mlflow and _mlflow_handle is None:
+        if not _builtin_handles:
+            _register_builtins(parsed)
+
+
+def _register_builtins(options: Options) -> None:
+    """One finalizer per enabled backend, in the documented run order (backends/__init__.py).
+    The registry runs newest first, so they are registered last-to-run first, and a program's
+    own finalizers, registered after install(), run before all of them."""
+    from lifeguard import backends
+
+    for name in reversed(backends.RUN_ORDER):
+        if name == "mlflow":
+            if not options.mlflow:
+                continue
             import os
 
             from lifeguard.backends.mlflow import MlflowFinalizer
 
             attached = os.environ.get("MLFLOW_RUN_ID")
-            finalizer = MlflowFinalizer(
-                end_attached=parsed.end_attached,
+            finalizer: Callable[[Outcome], object] = MlflowFinalizer(
+                end_attached=options.end_attached,
                 attached=frozenset([attached] if attached else []),
             )
-            _mlflow_handle = _registry.add(finalizer, name="mlflow")
+        elif name in options.trackers:
+            finalizer = backends.load(name)
+        else:
+            continue
+        _builtin_handles.append(_registry.add(finalizer, name=name))
 
 
 def _connect_guardian(lifecycle: Lifecycle) -> None:
@@ -140,21 +158,27 @@ def _replay_journal_in_background() -> None:
 
 def uninstall() -> None:
     """Restore every hook install() changed. Registered finalizers stay registered."""
-    global _mlflow_handle
     with _lock:
         lifecycle = current()
         if lifecycle is None:
             return
         lifecycle.uninstall()
-        if _mlflow_handle is not None:
-            _mlflow_handle.unregister()
-            _mlflow_handle = None
+        for handle in _builtin_handles:
+            handle.unregister()
+        _builtin_handles.clear()
 
 
 def register(
     finalizer: Callable[[Outcome], object], *, name: str | None = None, ranks: object = "all"
 ) -> Handle:
     return _registry.add(finalizer, name, ranks)
+
+
+def track(obj: object, *, method: str | None, name: str | None, ranks: object) -> Handle:
+    from lifeguard.backends.generic import Closer
+
+    closer = Closer(obj, method)
+    return _registry.add(closer, name or closer.describe(), ranks)
 
 
 def finish(exit_code: int = 0, *, outcome: Outcome | None = None) -> list[Report]:
@@ -189,7 +213,7 @@ def _after_fork_in_child() -> None:
     """A forked child (DataLoader worker, multiprocessing) inherits our hooks and registry but
     owns none of the parent's finalizers. Replace, never lock: another parent thread may have
     held the locks at the moment of fork."""
-    global _registry, _current, _mlflow_handle, _lock
+    global _registry, _current, _builtin_handles, _lock
     lifecycle = _current
     if lifecycle is not None and lifecycle.hooks.blocked is not None:
         lifecycle.hooks.blocked.after_fork_in_child()
@@ -208,4 +232,4 @@ def _after_fork_in_child() -> None:
     _lock = _thread.RLock()
     _registry = Registry()
     _current = None
-    _mlflow_handle = None
+    _builtin_handles = []

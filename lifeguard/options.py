@@ -17,9 +17,22 @@ else:
 if TYPE_CHECKING:  # typing costs ~6 ms to import; lifeguard's import budget is 5 ms in all
     from collections.abc import Callable, Iterable, Mapping
 
-__all__ = ["DEFAULT_DEADLINE", "DEFAULT_SIGNALS", "Options", "parse_signals"]
+__all__ = [
+    "DEFAULT_DEADLINE",
+    "DEFAULT_SIGNALS",
+    "DEFAULT_TRACKERS",
+    "TRACKERS",
+    "Options",
+    "parse_signals",
+]
 
 DEFAULT_SIGNALS: tuple[str, ...] = ("SIGINT", "SIGTERM", "SIGHUP")
+
+# The trackers lifeguard can end besides MLflow (see lifeguard/backends/__init__.py). Each is on
+# only if the program imports that library. ClearML is opt-in: it has exit hooks of its own and
+# its offline mode records no status, so the adapter could not be tested here (README).
+TRACKERS: tuple[str, ...] = ("tensorboard", "wandb", "swanlab", "trackio", "clearml")
+DEFAULT_TRACKERS: tuple[str, ...] = ("tensorboard", "wandb", "swanlab", "trackio")
 
 # Finalization must fit the shortest common grace period with room to spare: Kubernetes and
 # Slurm give 30 s before SIGKILL, and torchelastic's own teardown needs part of that.
@@ -56,6 +69,7 @@ class Options:
         "watchdog",
         "blocked_grace",
         "heartbeat",
+        "trackers",
     )
     NAMES = __slots__
 
@@ -68,6 +82,7 @@ class Options:
         watchdog: bool = False,
         blocked_grace: float = DEFAULT_BLOCKED_GRACE,
         heartbeat: float = DEFAULT_HEARTBEAT,
+        trackers: tuple[str, ...] = DEFAULT_TRACKERS,
     ) -> None:
         self.signals = parse_signals(DEFAULT_SIGNALS) if signals is None else signals
         self.deadline = deadline
@@ -76,6 +91,7 @@ class Options:
         self.watchdog = watchdog
         self.blocked_grace = blocked_grace
         self.heartbeat = heartbeat
+        self.trackers = trackers
 
     def as_dict(self) -> dict[str, object]:
         return {name: getattr(self, name) for name in self.NAMES}
@@ -179,6 +195,32 @@ def _parse_seconds(value: object, origin: str, *, zero: bool = False) -> float:
     return seconds
 
 
+def _parse_trackers(value: object, origin: str) -> tuple[str, ...]:
+    """Tracker names as an iterable or a comma-separated string; ``"default"`` stands for the
+    default set and ``"none"`` (or an empty value) for no tracker besides MLflow."""
+    if isinstance(value, str):
+        items: list[object] = [part.strip() for part in value.split(",") if part.strip()]
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        items = list(value)
+    else:
+        raise TypeError(f"{origin} must be tracker names, not {type(value).__name__}")
+    names: list[str] = []
+    for item in items:
+        if not isinstance(item, str):
+            raise TypeError(f"{origin}: {item!r} is not a tracker name")
+        name = item.strip().lower()
+        expanded = DEFAULT_TRACKERS if name == "default" else () if name == "none" else (name,)
+        for one in expanded:
+            if one not in TRACKERS:
+                raise ValueError(
+                    f"{origin}: unknown tracker {item!r}; known trackers are "
+                    f"{', '.join(TRACKERS)} (MLflow has its own option, mlflow)"
+                )
+            if one not in names:
+                names.append(one)
+    return tuple(names)
+
+
 def _parse_bool(value: object, origin: str) -> bool:
     if isinstance(value, bool):
         return value
@@ -200,4 +242,5 @@ _PARSERS: dict[str, Callable[[object, str], object]] = {
     "watchdog": _parse_bool,
     "blocked_grace": lambda raw, origin: _parse_seconds(raw, origin, zero=True),
     "heartbeat": lambda raw, origin: _parse_seconds(raw, origin, zero=True),
+    "trackers": _parse_trackers,
 }

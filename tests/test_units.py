@@ -15,8 +15,9 @@ import pytest
 from pytest_subprocess import FakeProcess
 
 import lifeguard
+from lifeguard.backends.generic import Closer
 from lifeguard.finalizers import Registry
-from lifeguard.options import DEFAULT_DEADLINE, Options, parse_signals
+from lifeguard.options import DEFAULT_DEADLINE, DEFAULT_TRACKERS, Options, parse_signals
 from lifeguard.outcome import Outcome, OutcomeKind, Status
 
 
@@ -114,6 +115,8 @@ def test_options_from_environment_and_precedence() -> None:
         ({"signals": ["SIGCHLD"]}, ValueError, "SIGCHLD does not end a process"),
         ({"signals": 3.5}, TypeError, "option 'signals'"),
         ({"mlflow": "maybe"}, ValueError, "option 'mlflow'"),
+        ({"trackers": ["wandb", "neptune"]}, ValueError, "unknown tracker 'neptune'"),
+        ({"trackers": 3}, TypeError, "option 'trackers'"),
     ],
 )
 def test_bad_options_name_the_problem(kwargs: dict[str, object], error: type, names: str) -> None:
@@ -124,6 +127,16 @@ def test_bad_options_name_the_problem(kwargs: dict[str, object], error: type, na
 def test_bad_environment_variable_is_named() -> None:
     with pytest.raises(ValueError, match="LIFEGUARD_DEADLINE"):
         Options.from_kwargs({}, environ={"LIFEGUARD_DEADLINE": "-3"})
+
+
+def test_trackers_option_forms() -> None:
+    assert Options.from_kwargs({}, environ={}).trackers == DEFAULT_TRACKERS
+    assert Options.from_kwargs({"trackers": "none"}, environ={}).trackers == ()
+    assert Options.from_kwargs({"trackers": []}, environ={}).trackers == ()
+    env = {"LIFEGUARD_TRACKERS": "default, ClearML"}
+    assert Options.from_kwargs({}, environ=env).trackers == (*DEFAULT_TRACKERS, "clearml")
+    with pytest.raises(ValueError, match="LIFEGUARD_TRACKERS: unknown tracker 'mlflow'"):
+        Options.from_kwargs({}, environ={"LIFEGUARD_TRACKERS": "mlflow"})
 
 
 def test_parse_signals_forms() -> None:
@@ -458,3 +471,91 @@ def test_install_checks_the_guardian_variable_the_channel_uses() -> None:
     from lifeguard.guardian import channel
 
     assert api.GUARDIAN_ENV == channel.ENV
+
+
+# -- the generic tracker adapter and the built-in order -----------------------------------------
+
+
+class _Calls:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, object]]] = []
+
+
+class WandbLike(_Calls):
+    def finish(self, exit_code: int = 0, quiet: bool = False) -> None:
+        self.calls.append(("finish", {"exit_code": exit_code}))
+
+    def close(self) -> None:  # finish wins: it is first in the documented order
+        self.calls.append(("close", {}))
+
+
+class StatusAware(_Calls):
+    def end(self, status: str, reason: str, outcome: Outcome) -> None:
+        self.calls.append(("end", {"status": status, "reason": reason, "outcome": outcome}))
+
+
+@pytest.mark.parametrize(
+    ("outcome", "exit_code"),
+    [(Outcome.exited(0), 0), (Outcome.exited(3), 3), (Outcome.signalled(signal.SIGTERM), 143)],
+)
+def test_closer_passes_the_exit_code(outcome: Outcome, exit_code: int) -> None:
+    tracker = WandbLike()
+    Closer(tracker)(outcome)
+    assert tracker.calls == [("finish", {"exit_code": exit_code})]
+
+
+def test_closer_passes_status_reason_and_outcome_by_name() -> None:
+    tracker = StatusAware()
+    outcome = Outcome.raised(ValueError("bad batch"))
+    Closer(tracker)(outcome)
+    assert tracker.calls == [
+        ("end", {"status": "FAILED", "reason": "ValueError: bad batch", "outcome": outcome})
+    ]
+
+
+def test_closer_calls_a_plain_close_and_a_named_method() -> None:
+    import io
+
+    buffer = io.StringIO()
+    Closer(buffer)(Outcome.exited(0))
+    assert buffer.closed
+    tracker = WandbLike()
+    Closer(tracker, method="close")(Outcome.exited(1))
+    assert tracker.calls == [("close", {})]
+
+
+def test_track_rejects_objects_it_cannot_end() -> None:
+    with pytest.raises(TypeError, match="object has none of the methods finish, close, end"):
+        lifeguard.track(object())
+    with pytest.raises(TypeError, match="WandbLike has no method 'stop'"):
+        lifeguard.track(WandbLike(), method="stop")
+
+
+def test_builtin_finalizers_run_in_the_documented_order() -> None:
+    result = python(
+        """
+        import lifeguard
+        lifeguard.install(trackers="default,clearml")
+        lifeguard.register(lambda outcome: None, name="user")
+        print(" ".join(report.name for report in lifeguard.finish()))
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    from lifeguard.backends import RUN_ORDER
+
+    assert result.stdout.split() == ["user", *RUN_ORDER]
+    assert RUN_ORDER == ("tensorboard", "mlflow", "wandb", "swanlab", "trackio", "clearml")
+
+
+def test_unused_trackers_are_not_imported() -> None:
+    result = python(
+        """
+        import sys, lifeguard
+        lifeguard.install()
+        lifeguard.finish()
+        print([m for m in ("wandb", "tensorboardX", "torch", "swanlab", "trackio", "clearml",
+                           "mlflow") if m in sys.modules])
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

@@ -1,2 +1,59 @@
 """Backend finalizers. Each imports its tracking library lazily, at finalization time, and only
-if the program itself imported it."""
+if the program itself imported it: a finalizer for a library the program never used costs one
+``sys.modules`` lookup.
+
+The built-in finalizers run in this order, after every finalizer the program registered:
+
+1. ``tensorboard``: closes every open SummaryWriter. Local disk, milliseconds, and nobody can
+   do it later: the events live only in this process's memory.
+2. ``mlflow``: the status contract's own store. Bounded network writes, journaled on failure.
+3. ``wandb``, ``swanlab``, ``trackio``: their ``finish`` may wait on uploads; they get what the
+   deadline has left (each its fair share, see ``lifeguard.finalizers``).
+4. ``clearml`` (opt-in): last, because ClearML's own exit hooks usually got there first.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from lifeguard.outcome import Outcome
+
+__all__ = ["RUN_ORDER", "load"]
+
+RUN_ORDER: tuple[str, ...] = ("tensorboard", "mlflow", "wandb", "swanlab", "trackio", "clearml")
+
+# name -> "module:attribute" of a finalizer taking an Outcome. MLflow's needs install()'s
+# options, so api.install() builds it itself.
+_FINALIZERS = {
+    "tensorboard": "lifeguard.backends.tensorboard:finalize",
+    "wandb": "lifeguard.backends.wandb:finalize",
+    "swanlab": "lifeguard.backends.swanlab:finalize",
+    "trackio": "lifeguard.backends.trackio:finalize",
+    "clearml": "lifeguard.backends.clearml:finalize",
+}
+
+
+def load(name: str) -> Callable[[Outcome], object]:
+    """The finalizer for a backend, imported when it first runs: install() stays cheap."""
+    return _Lazy(name)
+
+
+class _Lazy:
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        if name not in _FINALIZERS:
+            raise ValueError(f"unknown backend {name!r}")
+        self.name = name
+
+    def __call__(self, outcome: Outcome) -> object:
+        import importlib
+
+        module, _, attribute = _FINALIZERS[self.name].partition(":")
+        finalizer: Callable[[Outcome], object] = getattr(importlib.import_module(module), attribute)
+        return finalizer(outcome)
+
+    def __repr__(self) -> str:
+        return f"<lifeguard {self.name} finalizer>"
