@@ -61,8 +61,8 @@ class Handle:
 
 
 class Report:
-    """How one finalizer went: ``"ok"``, ``"raised"``, ``"timed out"``, or ``"skipped"`` (not
-    for this rank)."""
+    """How one finalizer went: ``"ok"``, ``"raised"``, ``"timed out"``, ``"skipped"`` (not
+    for this rank) or ``"unused"`` (a built-in one whose library the program never loaded)."""
 
     __slots__ = ("error", "name", "result", "seconds")
 
@@ -118,16 +118,37 @@ class Registry:
             from lifeguard.distributed import detect
 
             rank = detect().rank
-            skipped = [h for h in pending if h.ranks is not None and rank not in h.ranks]
-            pending = [h for h in pending if h not in skipped]
+            skipped = {id(h) for h in pending if h.ranks is not None and rank not in h.ranks}
         else:
-            skipped = []
-        reports = [Report(h.name, "skipped", 0.0, None) for h in skipped]
+            skipped = set()
+        # A built-in finalizer for a tracker the program never imported has nothing to do; it
+        # must not shrink the share of those that do (fair shares count only these).
+        unused = {id(h) for h in pending if id(h) not in skipped and not _applies(h)}
+        left = len(pending) - len(skipped) - len(unused)
+        reports = []
         end = time.monotonic() + deadline
-        for index, handle in enumerate(pending):
-            share = max(0.0, end - time.monotonic()) / (len(pending) - index)
-            reports.append(_run_one(handle, outcome, share))
+        for handle in pending:
+            if id(handle) in skipped:
+                reports.append(Report(handle.name, "skipped", 0.0, None))
+            elif id(handle) in unused:
+                reports.append(Report(handle.name, "unused", 0.0, None))
+            else:
+                share = max(0.0, end - time.monotonic()) / left
+                left -= 1
+                reports.append(_run_one(handle, outcome, share))
         return reports
+
+
+def _applies(handle: Handle) -> bool:
+    """False only for a finalizer that says, through an ``applies()`` method, that it has
+    nothing to do in this process (the built-in ones check whether their library is loaded)."""
+    applies = getattr(handle.fn, "applies", None)
+    if applies is None:
+        return True
+    try:
+        return bool(applies())
+    except Exception:  # noqa: BLE001 - when in doubt, run it
+        return True
 
 
 def _run_one(handle: Handle, outcome: Outcome, timeout: float) -> Report:

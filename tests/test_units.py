@@ -559,3 +559,29 @@ def test_unused_trackers_are_not_imported() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_unused_builtin_finalizers_take_no_share_of_the_deadline() -> None:
+    from lifeguard.finalizers import time_left
+
+    class Unused:
+        def applies(self) -> bool:
+            return False
+
+        def __call__(self, outcome: Outcome) -> None:
+            raise AssertionError("an unused finalizer ran")
+
+    seen: list[float | None] = []
+    registry = Registry()
+    for name in ("a", "b", "c"):
+        registry.add(Unused(), name=name)  # run after the one below (newest first)
+    registry.add(lambda outcome: seen.append(time_left()), name="busy")
+    reports = registry.run_all(Outcome.exited(0), deadline=6.0)
+    assert [(r.name, r.result) for r in reports] == [
+        ("busy", "ok"),
+        ("c", "unused"),
+        ("b", "unused"),
+        ("a", "unused"),
+    ]
+    [left] = seen
+    assert left is not None and left > 5.0  # the whole deadline, not a quarter of it

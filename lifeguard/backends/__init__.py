@@ -34,6 +34,15 @@ _FINALIZERS = {
     "clearml": "lifeguard.backends.clearml:finalize",
 }
 
+# name -> the modules whose presence in sys.modules means the program uses that tracker.
+MODULES = {
+    "tensorboard": ("torch.utils.tensorboard.writer", "tensorboardX.writer"),
+    "wandb": ("wandb",),
+    "swanlab": ("swanlab",),
+    "trackio": ("trackio",),
+    "clearml": ("clearml",),
+}
+
 
 def load(name: str) -> Callable[[Outcome], object]:
     """The finalizer for a backend, imported when it first runs: install() stays cheap."""
@@ -47,6 +56,13 @@ class _Lazy:
         if name not in _FINALIZERS:
             raise ValueError(f"unknown backend {name!r}")
         self.name = name
+
+    def applies(self) -> bool:
+        """Whether the program loaded this tracker: the registry gives no share of the
+        deadline to a finalizer with nothing to do."""
+        import sys
+
+        return any(module in sys.modules for module in MODULES[self.name])
 
     def __call__(self, outcome: Outcome) -> object:
         import importlib

@@ -1,9 +1,9 @@
 """The ClearML finalizer (opt-in: ``install(trackers=[..., "clearml"])``). Untested here.
 
 ClearML maps an ending to ``completed``, ``failed`` or ``stopped``. Its own exit hooks already
-watch ``sys.exit``, uncaught exceptions and signals, so this finalizer only acts when the task
-is still running: FAILED becomes ``mark_failed`` and KILLED ``mark_stopped``, each with the
-reason, and then ``close()`` flushes the reports.
+watch ``sys.exit``, uncaught exceptions and signals; this finalizer acts on the current task
+only if those hooks have not closed it yet: FAILED becomes ``mark_failed`` and KILLED
+``mark_stopped``, each with the reason, and then ``close()`` flushes the reports.
 
 Why untested: ClearML's offline mode, the only one that runs without a ClearML server, records
 no status at all (its ``task.json`` has none), and the server itself (MongoDB, Elasticsearch,

@@ -29,6 +29,9 @@ class MlflowFinalizer:
         # so the attached run's id is captured at install(), before that happens.
         self.attached = attached
 
+    def applies(self) -> bool:
+        return "mlflow.tracking.fluent" in sys.modules
+
     def __call__(self, outcome: Outcome) -> None:
         # "On whenever mlflow gets imported by the program": if it never was, no run can be
         # open in the fluent API, and importing mlflow now would only cost seconds at exit.

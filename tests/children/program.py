@@ -45,6 +45,7 @@ parser.add_argument("--wait-replay", action="store_true", help="join install()'s
 parser.add_argument("--wait-stdin", action="store_true", help="wait for stdin EOF, then exit")
 parser.add_argument("--preemption", action="store_true", help="checkpoint on SIGUSR1")
 parser.add_argument("--bare-exit", type=int, help="end with a bare `raise SystemExit(N)`")
+parser.add_argument("--run-name", help="name of the main run (the browser test shows it)")
 parser.add_argument("--async-metrics", type=int, default=0, help="queue N metrics asynchronously")
 args = parser.parse_args()
 
@@ -123,7 +124,7 @@ if args.with_block:
         mlflow.log_metric("loss", 1.0)
     run_ids.append(done.info.run_id)
 
-run = mlflow.start_run()
+run = mlflow.start_run(run_name=args.run_name)
 mlflow.log_metric("loss", 0.5, step=1)
 run_ids.append(run.info.run_id)
 if args.attach and os.environ.get("MLFLOW_RUN_ID_EXPECTED") != run.info.run_id:
