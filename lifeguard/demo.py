@@ -279,6 +279,55 @@ def wait_gone(pid: int, timeout: float = 60.0) -> bool:
 # -- the demo -------------------------------------------------------------------------------
 
 
+DEAD_SERVER = "SIGTERM while the tracking server is down"
+
+
+def dead_server_case(tmp: str) -> tuple[str, str, int, int, bool]:
+    """A real ``mlflow server`` that dies after the run starts; then SIGTERM. Raw MLflow, then
+    lifeguard, each on the same server. lifeguard cannot write the status, so it journals it and
+    exits at once; once the server is back, the journal is replayed (as the next ``install()``
+    on this machine, or ``lifeguard sweep``, would) and the run must read KILLED, with the time
+    of the signal as its end time. Returns (raw status, lifeguard status, raw exit status,
+    lifeguard exit status, whether the end time is the signal's)."""
+    import time
+    from pathlib import Path
+
+    from mlflow.tracking import MlflowClient
+
+    from lifeguard.backends.mlflow_runs import replay_journal
+    from lifeguard.guardian.journal import Journal
+    from lifeguard.localserver import MlflowServer
+
+    journal_dir = os.path.join(tmp, "journal")
+    server = MlflowServer(Path(tmp) / "server").start()
+    try:
+        env = {**os.environ, "MLFLOW_TRACKING_URI": server.uri, "PYTHONWARNINGS": "ignore",
+               "LIFEGUARD_JOURNAL_DIR": journal_dir}  # fmt: skip
+        ended: dict[bool, tuple[str, int]] = {}
+        signalled_at = 0.0
+        for with_lifeguard in (False, True):
+            if server.proc is None:
+                server.start()  # same port, same store: the URI in the journal stays valid
+            cmd = [sys.executable, "-m", "lifeguard.demo", "--child", "SIGTERM"]
+            if with_lifeguard:
+                cmd.append("--with-lifeguard")
+            result = run_child(
+                cmd, env=env, send=(signal.SIGTERM,), after_ready=lambda ready: server.stop()
+            )
+            signalled_at = time.time()
+            ended[with_lifeguard] = (str(result.ready["run_id"]), result.returncode)
+        server.start()
+        replay_journal(Journal(journal_dir), budget=30.0)
+        client = MlflowClient(tracking_uri=server.uri)
+        raw = client.get_run(ended[False][0]).info
+        guarded = client.get_run(ended[True][0]).info
+        # The end time is when the process learned it was ending, before the server came back.
+        true_end = guarded.end_time is not None and guarded.end_time <= signalled_at * 1000 + 1
+        return raw.status, guarded.status, ended[False][1], ended[True][1], true_end
+    finally:
+        server.stop()
+
+
 def describe_exit(returncode: int) -> str:
     if returncode < 0:
         return f"{-returncode + 128} ({signal.Signals(-returncode).name})"
@@ -304,7 +353,7 @@ def main(argv: Sequence[str] | None = None, *, jobs: int = 4) -> int:
         client.search_experiments()  # creates the schema once, before children race to
         env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONWARNINGS": "ignore"}
         paths = {**PATHS, **DEATHS}
-        out.write(f"lifeguard demo: {len(paths)} exit paths, raw MLflow vs lifeguard ({uri})\n")
+        out.write(f"lifeguard demo: {len(paths) + 1} exit paths, raw MLflow vs lifeguard ({uri})\n")
         out.flush()
 
         def one(path: str, with_lifeguard: bool) -> tuple[str, int, str]:
@@ -319,6 +368,7 @@ def main(argv: Sequence[str] | None = None, *, jobs: int = 4) -> int:
             return run.info.status, result.returncode, run.info.end_time
 
         with ThreadPoolExecutor(max_workers=jobs) as pool:
+            dead_server = pool.submit(dead_server_case, tmp)
             futures = {
                 (path, lg): pool.submit(one, path, lg) for path in paths for lg in (False, True)
             }
@@ -333,6 +383,10 @@ def main(argv: Sequence[str] | None = None, *, jobs: int = 4) -> int:
                 honest &= ok
                 label = paths[path][0] + (" [watchdog]" if path in DEATHS else "")
                 rows.append((label, raw_status, status, describe_exit(rc), ok))
+            raw_status, status, raw_rc, rc, true_end = dead_server.result()
+            ok = status == "KILLED" and true_end and rc == raw_rc == -signal.SIGTERM
+            honest &= ok
+            rows.append((DEAD_SERVER + " [journal]", raw_status, status, describe_exit(rc), ok))
     headers = ("exit path", "raw MLflow", "with lifeguard", "exit code")
     widths = [max(len(h), *(len(str(r[i])) for r in rows)) for i, h in enumerate(headers)]
     line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
@@ -344,7 +398,9 @@ def main(argv: Sequence[str] | None = None, *, jobs: int = 4) -> int:
         "\nraw MLflow: its atexit hook writes FINISHED whatever happened, and a signal leaves the"
         "\nrun RUNNING forever. lifeguard: the status the exit code says, the same exit code;"
         "\n[watchdog]: with the sidecar on, which ends the runs of deaths that run no Python code"
-        "\n(a main thread stuck in C is finalized in-process by a helper thread).\n"
+        "\n(a main thread stuck in C is finalized in-process by a helper thread);"
+        "\n[journal]: the status could not be written, so it was journaled and written once the"
+        "\nserver was back, with the signal's time as the end time.\n"
     )
     return 0 if honest else 1
 

@@ -1,6 +1,7 @@
-"""lifeguard's benchmarks, side by side with their anchors, as medians and ratios.
+"""lifeguard's benchmarks, side by side with their anchors, as medians and ratios, in one table.
 
-    python scripts/bench.py [--rounds N] [--json] [--only NAME ...] [--raw-dead-server]
+    python scripts/bench.py [--rounds N] [--json] [--only NAME ...] [--no-raw-dead-server]
+                            [--sweep-size N]
 
 Each comparison interleaves the two sides round by round, so that a noisy machine slows both
 alike. Goals (DESIGN.md section 4):
@@ -10,7 +11,10 @@ alike. Goals (DESIGN.md section 4):
   watchdog                  start < 100 ms added to install(); idle RSS < 20 MiB, no CPU;
                             SIGKILL -> run KILLED < 2 s
   dead server               exit within the deadline (< 30 s); raw MLflow's end_run: 247 s
-                            (--raw-dead-server measures that side too: it takes minutes)
+                            (measured in the same run, once: it takes about four minutes;
+                            --no-raw-dead-server skips it)
+  sweep                     >= 500 RUNNING runs decided per second (scripts/bench_sweep.py
+                            measures several sizes; here one, --sweep-size, default 4000)
 """
 
 from __future__ import annotations
@@ -337,9 +341,104 @@ def bench_dead_server(rounds: int, raw: bool) -> dict[str, object]:
         if raw:
             result["raw MLflow end_run: SIGTERM -> exit (s)"] = once(_RAW_END, f"{tmp}/raw")
         else:
-            result["raw MLflow end_run (s)"] = "247 (measured once; --raw-dead-server to rerun)"
+            result["raw MLflow end_run (s)"] = "not measured (--no-raw-dead-server)"
     result["goal"] = "< 30 s (default deadline 10 s)"
     return result
+
+
+def bench_sweep(size: int) -> dict[str, object]:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench_sweep import measure
+
+    with tempfile.TemporaryDirectory(prefix="lifeguard-bench-sweep-") as tmp:
+        os.environ.setdefault("LIFEGUARD_JOURNAL_DIR", f"{tmp}/journal")
+        row = measure(size, 8, __import__("pathlib").Path(tmp))
+    return {
+        "runs": size,
+        "decided per second": row["decided per second"],
+        "cold server: decided per second": size / row["cold server: decide (s)"],
+        "ended per second": row["ended per second"],
+        "goal": ">= 500 runs/s decided",
+    }
+
+
+# One line per figure in the summary table: (bench, label, lifeguard's key, anchor's label,
+# anchor's key or a fixed figure, goal). Ratios are lifeguard / anchor, both from this run.
+TABLE: list[tuple[str, str, str, str, str | None, str]] = [
+    (
+        "import",
+        "import lifeguard (ms, in-process)",
+        "import lifeguard in-process (ms)",
+        "",
+        None,
+        "< 5 ms",
+    ),
+    (
+        "import",
+        "python -c 'import lifeguard' (ms)",
+        "python -c 'import lifeguard' (ms)",
+        "python -c pass",
+        "python -c pass (ms)",
+        "+ < 5 ms",
+    ),
+    ("install", "install() (ms)", "install() cold, first call (ms)", "", None, "< 2 ms"),
+    (
+        "sigterm",
+        "SIGTERM -> exit, run KILLED (ms)",
+        "lifeguard (ms)",
+        "hand-written handler",
+        "hand-written handler (ms)",
+        "<= 1.10x",
+    ),
+    (
+        "watchdog",
+        "watchdog start, added to install() (ms)",
+        "watchdog start cost (ms)",
+        "",
+        None,
+        "< 100 ms",
+    ),
+    ("watchdog", "watchdog idle RSS (MiB)", "watchdog idle RSS (MiB)", "", None, "< 20 MiB"),
+    ("watchdog", "watchdog CPU ticks in 1 s idle", "watchdog CPU ticks in 1 s idle", "", None, "0"),
+    ("watchdog", "SIGKILL -> run KILLED (s)", "SIGKILL -> run ended (s)", "", None, "< 2 s"),
+    (
+        "dead-server",
+        "SIGTERM -> exit, server dead (s)",
+        "lifeguard: SIGTERM -> exit, server dead (s)",
+        "raw MLflow end_run",
+        "raw MLflow end_run: SIGTERM -> exit (s)",
+        "< 30 s",
+    ),
+    ("sweep", "sweep: RUNNING runs decided per second", "decided per second", "", None, ">= 500/s"),
+    ("sweep", "sweep: orphans ended per second", "ended per second", "", None, "-"),
+]
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}" if value < 100 else f"{value:.0f}"
+    if isinstance(value, set):
+        return "/".join(sorted(value))
+    return str(value)
+
+
+def print_table(results: dict[str, dict[str, object]]) -> None:
+    rows = [("measure", "lifeguard", "anchor", "anchor value", "ratio", "goal")]
+    for bench, label, key, anchor, anchor_key, goal in TABLE:
+        if bench not in results or key not in results[bench]:
+            continue
+        figures = results[bench]
+        value = figures[key]
+        anchor_value = figures.get(anchor_key, "") if anchor_key else ""
+        ratio = ""
+        if isinstance(value, float) and isinstance(anchor_value, float) and anchor_value:
+            ratio = f"{value / anchor_value:.2f}x"
+        rows.append((label, _shown(value), anchor, _shown(anchor_value), ratio, goal))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for index, row in enumerate(rows):
+        print("| " + " | ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) + " |")
+        if index == 0:
+            print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
 
 
 def main() -> int:
@@ -348,13 +447,16 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument(
         "--only",
-        choices=["import", "install", "sigterm", "watchdog", "dead-server"],
+        choices=["import", "install", "sigterm", "watchdog", "dead-server", "sweep"],
         action="append",
         help="run a subset",
     )
     parser.add_argument(
-        "--raw-dead-server", action="store_true", help="also time raw MLflow on a dead server"
+        "--no-raw-dead-server",
+        action="store_true",
+        help="skip timing raw MLflow against a dead server (about four minutes)",
     )
+    parser.add_argument("--sweep-size", type=int, default=4000, help="RUNNING runs to sweep")
     args = parser.parse_args()
     # A wheel install byte-compiles the package; an editable one under PYTHONDONTWRITEBYTECODE
     # never does, and would time the compiler instead of the import.
@@ -368,7 +470,8 @@ def main() -> int:
         "install": bench_install,
         "sigterm": bench_sigterm,
         "watchdog": bench_watchdog,
-        "dead-server": lambda rounds: bench_dead_server(rounds, args.raw_dead_server),
+        "dead-server": lambda rounds: bench_dead_server(rounds, not args.no_raw_dead_server),
+        "sweep": lambda rounds: bench_sweep(args.sweep_size),
     }
     results = {}
     for name, fn in benches.items():
@@ -378,14 +481,18 @@ def main() -> int:
     if args.json:
         print(json.dumps(results, indent=2, default=sorted))
         return 0
+    import platform
+
     version = sys.version.split()[0]
-    print(f"lifeguard benchmarks: medians of {args.rounds} interleaved rounds, Python {version}")
+    cpus = os.cpu_count()
+    print(f"lifeguard benchmarks: medians of {args.rounds} interleaved rounds")
+    print(f"machine: {platform.machine()}, {cpus} CPUs, Linux {platform.release()}, "
+          f"Python {version}\n")  # fmt: skip
+    print_table(results)
     for name, figures in results.items():
         print(f"\n[{name}]")
         for key, value in figures.items():
-            shown = f"{value:.3f}" if isinstance(value, float) else str(value)
-            shown = shown if not isinstance(value, set) else "/".join(sorted(value))
-            print(f"  {key:40s} {shown}")
+            print(f"  {key:40s} {_shown(value)}")
     return 0
 
 
