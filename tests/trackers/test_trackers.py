@@ -175,9 +175,9 @@ def test_a_hanging_and_a_raising_tracker_stop_no_other(store: Store, tmp_path: P
 
 def test_without_lifeguard_sigterm_loses_them(store: Store, tmp_path: Path) -> None:
     """The baseline the README's table states: unguarded, SIGTERM leaves wandb with no exit
-    record and no history, TensorBoard and SwanLab without any of the scalars logged."""
-    need("wandb", "tensorboardX", "swanlab")
-    trackers = ("wandb", "tensorboardX", "swanlab")
+    record and no history, TensorBoard, SwanLab and trackio without any of the metrics logged."""
+    need("wandb", "tensorboardX", "swanlab", "trackio")
+    trackers = ("wandb", "tensorboardX", "swanlab", "trackio")
     result = run_program(store, tmp_path, "SIGTERM", *trackers, extra=("--no-lifeguard",))
     assert result.returncode == -signal.SIGTERM
     wandb_run = WandbRun(tmp_path, str(result.ready["wandb_id"]))
@@ -185,3 +185,14 @@ def test_without_lifeguard_sigterm_loses_them(store: Store, tmp_path: Path) -> N
     assert tensorboard_events(tmp_path / "tensorboardX")[0] == []
     swanlab_run = SwanlabRun(tmp_path)
     assert (swanlab_run.state, swanlab_run.scalars) == (None, 0)
+    db = tmp_path / "trackio" / "lifeguard.db"
+    assert not db.exists() or TrackioRun(tmp_path / "trackio", "lifeguard", "trackers").steps == []
+
+
+def test_without_lifeguard_swanlab_calls_a_failed_exit_a_success(
+    store: Store, tmp_path: Path
+) -> None:
+    need("swanlab")
+    result = run_program(store, tmp_path, "sys.exit(3)", "swanlab", extra=("--no-lifeguard",))
+    assert result.returncode == 3
+    assert SwanlabRun(tmp_path).state == "RUN_STATE_FINISHED"
