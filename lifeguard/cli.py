@@ -69,7 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
             "--include-untagged --older-than D."
         ),
     )
-    sweep.add_argument("--tracking-uri", required=True, help="the MLflow tracking server")
+    sweep.add_argument(
+        "--tracking-uri",
+        default=os.environ.get("MLFLOW_TRACKING_URI"),
+        help="the MLflow tracking server (default: $MLFLOW_TRACKING_URI)",
+    )
     sweep.add_argument(
         "--experiment",
         action="append",
@@ -118,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             import mlflow  # noqa: F401
         except ImportError:
-            parser.error("the demo needs MLflow: pip install 'lifeguard[mlflow]'")
+            parser.error("the demo needs MLflow: pip install mlflow")
         from lifeguard import demo
 
         return demo.main(jobs=args.jobs)
@@ -155,6 +159,12 @@ def _supervise(cmd: list[str], deadline: float | None) -> int:
 def _sweep(args: argparse.Namespace) -> int:
     import json
 
+    if not args.tracking_uri:
+        sys.stderr.write(
+            "lifeguard sweep: no tracking server: pass --tracking-uri URI "
+            "or set MLFLOW_TRACKING_URI\n"
+        )
+        return 2
     if args.include_untagged and args.older_than is None:
         sys.stderr.write("lifeguard sweep: --include-untagged needs --older-than DURATION\n")
         return 2
@@ -164,7 +174,7 @@ def _sweep(args: argparse.Namespace) -> int:
     try:
         from lifeguard.backends.mlflow_sweep import SweepError, sweep
     except ImportError:
-        sys.stderr.write("lifeguard sweep needs MLflow: pip install 'lifeguard[mlflow]'\n")
+        sys.stderr.write("lifeguard sweep needs MLflow: pip install mlflow\n")
         return 2
     try:
         report = sweep(

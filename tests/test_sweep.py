@@ -225,3 +225,19 @@ def test_sweep_options_are_checked() -> None:
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert stale.returncode == 2 and "not a duration" in stale.stderr
+
+
+def test_sweep_takes_the_server_from_the_environment(server: MlflowServer) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    missing = subprocess.run(
+        [sys.executable, "-m", "lifeguard", "sweep", "--dry-run"],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert missing.returncode == 2 and "MLFLOW_TRACKING_URI" in missing.stderr
+    env["MLFLOW_TRACKING_URI"] = server.uri
+    found = subprocess.run(
+        [sys.executable, "-m", "lifeguard", "sweep", "--dry-run", "--json"],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert found.returncode == 0, found.stderr
+    assert json.loads(found.stdout)["tracking_uri"] == server.uri
