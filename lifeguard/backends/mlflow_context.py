@@ -25,6 +25,16 @@ _owner: Owner | None = None
 heartbeat = Heartbeat(0.0)
 
 
+def _preload_exit_path() -> None:
+    """Import now what ending the run will need, so that a SIGTERM's grace period is not spent
+    importing (~1.5 ms). A program that starts a run has paid seconds for mlflow already."""
+    import contextvars  # noqa: F401
+    import threading  # noqa: F401
+
+    import lifeguard.backends.mlflow_runs
+    import lifeguard.outcome  # noqa: F401
+
+
 class OwnerRunContext(RunContextProvider):
     def in_context(self) -> bool:
         lifecycle = api.current()
@@ -45,5 +55,6 @@ class OwnerRunContext(RunContextProvider):
         if lifecycle is not None and lifecycle.options.heartbeat > 0:
             heartbeat.interval = lifecycle.options.heartbeat
             heartbeat.ensure_started()
+        _preload_exit_path()
         # The first beat rides along with the run's creation: free.
         return {**_owner.tags(), TAG_HEARTBEAT: str(now_ms())}
