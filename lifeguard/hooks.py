@@ -211,7 +211,9 @@ class ProcessHooks:
         # sys.exit() in another thread only ends that thread; it says nothing about the process.
         if is_main_thread() and self._lifecycle.owns_process():
             if self._in_handler_for is None:
-                self._lifecycle.note_exit(code)
+                # Frame 2 is whoever called sys.exit/exit() (through our wrapper): with it,
+                # the whole stack above stays alive until finalization.
+                self._lifecycle.note_exit(code, sys._getframe(2))
             self.move_atexit_to_front()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:

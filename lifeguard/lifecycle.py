@@ -48,6 +48,8 @@ class Lifecycle:
         self.guardian_pid: int | None = None  # the watchdog's, if this process started one
         # A signal that arrived while finalizing an exit or a crash: die of it once done.
         self.die_after_finalizing: int | None = None
+        # The frame that called sys.exit, held until the finalizers have run (see note_exit).
+        self.keep_alive: object = None
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -63,10 +65,16 @@ class Lifecycle:
 
     # -- events from the hooks -------------------------------------------------------------------
 
-    def note_exit(self, code: object) -> None:
+    def note_exit(self, code: object, caller: object = None) -> None:
         from lifeguard.outcome import Outcome
 
         self.outcome = Outcome.exited(code)
+        # SystemExit unwinds the stack and CPython clears it before atexit runs: every object
+        # the program's frames held is collected then, and a __del__ that ends a run (the
+        # HuggingFace MLflowCallback's, verl's Tracking) would end it FINISHED before lifeguard
+        # can say FAILED. Holding the calling frame keeps them alive until the finalizers ran
+        # (an exception's traceback already does this for the excepthook path).
+        self.keep_alive = caller
 
     def note_exception(self, exc: BaseException) -> None:
         from lifeguard.outcome import Outcome
@@ -85,7 +93,10 @@ class Lifecycle:
     def on_interpreter_exit(self) -> None:
         if not self.owns_process() or self.phase != Phase.INSTALLED:
             return
-        self.finalize(self.outcome or _unreported_outcome())
+        try:
+            self.finalize(self.outcome or _unreported_outcome())
+        finally:
+            self.keep_alive = None  # the program's own __del__ cleanups may run now
 
     # -- finalization --------------------------------------------------------------------------
 

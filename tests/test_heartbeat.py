@@ -43,6 +43,27 @@ def test_beat_refreshes_own_runs_and_survives_a_dead_server(
         mlflow.end_run()
 
 
+def test_beat_finds_runs_created_outside_start_run(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lightning's MLFlowLogger resolves context tags, then calls MlflowClient.create_run: the
+    run is on no active-run stack, so the beat finds it by its owner tags."""
+    from lifeguard.backends import mlflow_context
+    from lifeguard.owner import Owner
+
+    mlflow.set_tracking_uri(store.uri)
+    run = store.client.create_run("0", tags=Owner.current().tags())
+    other = store.client.create_run("0", tags={**Owner.current().tags(), "x": "ended"})
+    store.client.set_terminated(other.info.run_id, "FINISHED")
+    beat = Heartbeat(60.0)
+    assert beat.beat() == 0  # not searched for: nothing said such runs exist
+    monkeypatch.setattr(mlflow_context, "created_outside_fluent", os.getpid())
+    before = int(time.time() * 1000)
+    assert beat.beat() == 1  # the RUNNING one only
+    assert int(store.run(run.info.run_id).data.tags[TAG_HEARTBEAT]) >= before
+    assert TAG_HEARTBEAT not in store.run(other.info.run_id).data.tags
+
+
 @pytest.mark.slow
 def test_heartbeat_runs_while_training_and_stops_at_the_end(
     scenario: Scenario, store: Store

@@ -130,6 +130,23 @@ def test_run_ended_by_the_user_is_not_overwritten(scenario: Scenario, store: Sto
     assert "lifeguard.ended_by" not in store.run(run_id).data.tags
 
 
+@pytest.mark.parametrize(
+    ("path", "status", "code"),
+    [("sys.exit(3)", "FAILED", 3), ("exception", "FAILED", 1), ("return", "FINISHED", 0)],
+)
+def test_a_del_that_ends_the_run_comes_after_the_truth(
+    scenario: Scenario, store: Store, path: str, status: str, code: int
+) -> None:
+    """HuggingFace's MLflowCallback ends its run in __del__. SystemExit unwinds the stack before
+    atexit, so without lifeguard holding the frames the __del__ would say FINISHED first."""
+    result = scenario.run("--path", path, "--ended-by-del")
+    assert result.returncode == code, result.stderr[-2000:]
+    [run_id] = result.ready["run_ids"]
+    assert store.status(run_id) == status
+    if path != "return":  # a clean return ends it through the __del__: FINISHED, the truth
+        assert store.run(run_id).data.tags["lifeguard.ended_by"] == "process"
+
+
 @pytest.mark.parametrize("end_attached", [False, True])
 def test_attached_run_left_alone_unless_asked(
     scenario: Scenario, store: Store, end_attached: bool

@@ -15,6 +15,8 @@ from lifeguard._log import logger
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
+
     from lifeguard.guardian.channel import Channel
     from lifeguard.outcome import Outcome
     from lifeguard.owner import Owner
@@ -98,10 +100,39 @@ def end_active_runs(
             ):
                 ended.append(run_id)
             _forget(fluent, stack, run, run_id)
+        for run_id in _created_outside_fluent(client, me, handled=set(ended) | set(deferred)):
+            if defer_to is not None:
+                deferred.append(run_id)
+            elif (
+                mlflow_runs.terminate(client, run_id, outcome, ended_by=ended_by, journal=journal)
+                == mlflow_runs.ENDED
+            ):
+                ended.append(run_id)
     if defer_to is not None and deferred:
         defer_to.send_uri(client.tracking_uri)
         defer_to.send("defer", " ".join(deferred))
     return ended
+
+
+def _created_outside_fluent(client: MlflowClient, me: Owner, handled: set[str]) -> list[str]:
+    """RUNNING runs this process created with ``MlflowClient.create_run`` after resolving
+    context tags (Lightning's MLFlowLogger), found by their owner tags: one search, made only
+    if such a run was created. A run its creator already ended is no longer RUNNING."""
+    from lifeguard.backends import mlflow_context, mlflow_runs
+
+    if not mlflow_context.created_outside_fluent_here():
+        return []
+    try:
+        found = mlflow_runs.find_running_owned_by(client, me)
+    except Exception as exc:  # noqa: BLE001 - the guardians and the sweep can still find them
+        logger().error(
+            "lifeguard: cannot search %s for the runs this process created outside "
+            "mlflow.start_run: %s; `lifeguard sweep` will find them by their owner tags",
+            client.tracking_uri,
+            exc,
+        )
+        return []
+    return [run_id for run_id in found if run_id not in handled]
 
 
 def active_runs(fluent: object) -> list[tuple[list[object], object]]:

@@ -1,8 +1,10 @@
 """MLflow's ``mlflow.run_context_provider`` plug-in: tag each run with its owner at start_run.
 
-MLflow calls ``tags()`` at every ``mlflow.start_run()`` that creates a run, so every run started
-under lifeguard carries host, pid and process start time with no change to the user's code. The
-guardian and ``lifeguard sweep`` find orphans by these tags.
+MLflow calls ``tags()`` at every ``mlflow.start_run()`` that creates a run, and so does any
+library that resolves context tags before ``MlflowClient.create_run`` (Lightning's
+``MLFlowLogger``), so every run started under lifeguard carries host, pid and process start time
+with no change to the user's code. The guardian and ``lifeguard sweep`` find orphans by these
+tags, and so does the in-process finalizer for runs that are on no active-run stack.
 
 It is also the moment to make sure lifeguard's atexit hook runs before MLflow's: MLflow registers
 its always-FINISHED hook when it is imported, which may be after ``install()``.
@@ -11,6 +13,7 @@ its always-FINISHED hook when it is imported, which may be after ``install()``.
 from __future__ import annotations
 
 import os
+import sys
 
 from mlflow.tracking.context.abstract_context import RunContextProvider
 
@@ -18,11 +21,37 @@ from lifeguard import api
 from lifeguard.backends.mlflow_heartbeat import TAG_HEARTBEAT, Heartbeat, now_ms
 from lifeguard.owner import Owner
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import FrameType
+
 __all__ = ["OwnerRunContext"]
 
 _owner: Owner | None = None
 # Started at the first start_run of an installed process; stopped by the MLflow finalizer.
 heartbeat = Heartbeat(0.0)
+# The pid that resolved context tags outside mlflow.start_run (Lightning's MLFlowLogger does,
+# then calls MlflowClient.create_run): such runs are on no active-run stack, so the finalizer
+# and the heartbeat find them by their owner tags. None: every run came from start_run.
+created_outside_fluent: int | None = None
+
+
+def created_outside_fluent_here() -> bool:
+    """Whether this process created runs that only a search by owner tags can find."""
+    return created_outside_fluent == os.getpid()
+
+
+def _called_from_start_run() -> bool:
+    """Whether these tags are being resolved by ``mlflow.start_run`` (a few frames up)."""
+    frame: FrameType | None = sys._getframe(2)
+    for _ in range(8):
+        if frame is None:
+            return False
+        code = frame.f_code
+        if code.co_name == "start_run" and code.co_filename.endswith("fluent.py"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _preload_exit_path() -> None:
@@ -41,7 +70,9 @@ class OwnerRunContext(RunContextProvider):
         return lifecycle is not None and lifecycle.is_installed()
 
     def tags(self) -> dict[str, str]:
-        global _owner
+        global _owner, created_outside_fluent
+        if not _called_from_start_run():
+            created_outside_fluent = os.getpid()
         lifecycle = api.current()
         if lifecycle is not None:
             lifecycle.hooks.move_atexit_to_front()

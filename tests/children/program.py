@@ -45,6 +45,11 @@ parser.add_argument("--wait-replay", action="store_true", help="join install()'s
 parser.add_argument("--wait-stdin", action="store_true", help="wait for stdin EOF, then exit")
 parser.add_argument("--preemption", action="store_true", help="checkpoint on SIGUSR1")
 parser.add_argument("--bare-exit", type=int, help="end with a bare `raise SystemExit(N)`")
+parser.add_argument(
+    "--ended-by-del",
+    action="store_true",
+    help="a local object whose __del__ ends the run (HuggingFace's MLflowCallback does)",
+)
 parser.add_argument("--run-name", help="name of the main run (the browser test shows it)")
 parser.add_argument("--async-metrics", type=int, default=0, help="queue N metrics asynchronously")
 args = parser.parse_args()
@@ -194,4 +199,16 @@ if args.wait_stdin:
     sys.stdin.read()  # the parent breaks something meanwhile, then closes our stdin
 if args.bare_exit is not None:
     raise SystemExit(args.bare_exit)
-demo.enact(args.path)
+if args.ended_by_del:
+
+    class EndsRunOnDel:
+        def __del__(self) -> None:
+            mlflow.end_run()  # always FINISHED: what a __del__-based cleanup says
+
+    def train() -> None:
+        callback = EndsRunOnDel()  # noqa: F841 - held by this frame only, like a Trainer's
+        demo.enact(args.path)
+
+    train()
+else:
+    demo.enact(args.path)

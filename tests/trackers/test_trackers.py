@@ -29,6 +29,8 @@ NEEDS = {
     "swanlab": ("swanlab",),
     "trackio": ("trackio",),
     "mlflow": ("mlflow",),
+    "lightning": ("lightning", "torch", "mlflow"),
+    "transformers": ("transformers", "accelerate", "torch", "mlflow"),
 }
 
 
