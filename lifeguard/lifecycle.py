@@ -91,10 +91,9 @@ class Lifecycle:
             self.outcome = None
 
     def on_interpreter_exit(self) -> None:
-        if not self.owns_process() or self.phase != Phase.INSTALLED:
-            return
         try:
-            self.finalize(self.outcome or _unreported_outcome())
+            if self.owns_process() and self.phase == Phase.INSTALLED:
+                self.finalize(self.outcome or _unreported_outcome())
         finally:
             self.keep_alive = None  # the program's own __del__ cleanups may run now
 
