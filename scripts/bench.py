@@ -46,6 +46,18 @@ def _wall(argv: list[str]) -> float:
     return time.perf_counter() - start
 
 
+def wait_exact(proc: subprocess.Popen[str], timeout: float) -> int:
+    """Wait for ``proc`` to exit, returning the moment it does. ``Popen.wait(timeout)`` polls
+    with growing sleeps (0.5, 1, 2, ... 32 ms): it would round an exit at 32 ms up to 63.5 ms.
+    A pidfd becomes readable exactly when the process exits."""
+    try:
+        _wait_exit(proc.pid, timeout)
+    except RuntimeError:
+        proc.kill()
+        raise
+    return proc.wait()
+
+
 def interleave(rounds: int, a: Callable[[], float], b: Callable[[], float]) -> tuple[float, float]:
     xs, ys = [], []
     for _ in range(rounds):
@@ -159,7 +171,7 @@ def bench_sigterm(rounds: int) -> dict[str, object]:
             run_id = proc.stdout.readline().strip()
             start = time.perf_counter()
             proc.send_signal(signal.SIGTERM)
-            rc = proc.wait(120)
+            rc = wait_exact(proc, 120)
             elapsed = time.perf_counter() - start
             assert rc == -signal.SIGTERM, f"{side}: exit status {rc}"
             statuses[side].add(client.get_run(run_id).info.status)
@@ -326,7 +338,7 @@ def bench_dead_server(rounds: int, raw: bool) -> dict[str, object]:
             server.stop()
             start = time.perf_counter()
             proc.send_signal(signal.SIGTERM)
-            proc.wait(600)
+            wait_exact(proc, 600)
             return time.perf_counter() - start
         finally:
             server.stop()
