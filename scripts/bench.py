@@ -444,7 +444,8 @@ def print_table(results: dict[str, dict[str, object]]) -> None:
         anchor_value = figures.get(anchor_key, "") if anchor_key else ""
         ratio = ""
         if isinstance(value, float) and isinstance(anchor_value, float) and anchor_value:
-            ratio = f"{value / anchor_value:.2f}x"
+            ratio = value / anchor_value
+            ratio = f"{ratio:.2f}x" if ratio >= 0.01 else f"1/{1 / ratio:,.0f}"
         rows.append((label, _shown(value), anchor, _shown(anchor_value), ratio, goal))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for index, row in enumerate(rows):
