@@ -51,6 +51,20 @@ def _thread_name() -> str:
     return threading.current_thread().name
 
 
+def _traceback_already_printed() -> bool:
+    """wandb's excepthook prints the traceback itself, then calls the hook it replaced unless
+    that was Python's default. With lifeguard's installed first, ours is that hook: calling the
+    default from here would print the traceback a second time, which the program without
+    lifeguard does not do."""
+    try:
+        caller = sys._getframe(2).f_code  # 0: here, 1: _excepthook, 2: whoever called it
+    except ValueError:  # called by the interpreter itself: no Python caller
+        return False
+    return caller.co_name == "exc_handler" and caller.co_filename.endswith(
+        os.path.join("wandb", "sdk", "lib", "exit_hooks.py")
+    )
+
+
 def die_by_signal(signum: int) -> None:
     """End the process by ``signum``'s default action, as if nobody had caught it."""
     try:
@@ -200,7 +214,8 @@ class ProcessHooks:
                 self.move_atexit_to_front()
         finally:
             hook = self._saved_excepthook or sys.__excepthook__
-            hook(tp, value, tb)
+            if hook is not sys.__excepthook__ or not _traceback_already_printed():
+                hook(tp, value, tb)
 
     def _exit(self, code: object = None) -> None:
         self.exit_called(code)

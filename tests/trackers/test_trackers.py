@@ -93,6 +93,18 @@ def test_wandb_records_the_exit_code(store: Store, tmp_path: Path, path: str) ->
         assert run.summary["lifeguard/status"] == status
 
 
+def test_wandb_traceback_printed_once(store: Store, tmp_path: Path) -> None:
+    """wandb's excepthook prints the traceback and then calls the previous hook unless it is
+    Python's default: with lifeguard's in between, stderr must still match the program's own."""
+    need("wandb")
+    guarded = run_program(store, tmp_path / "with", "exception", "wandb")
+    raw = run_program(store, tmp_path / "without", "exception", "wandb", extra=("--no-lifeguard",))
+    assert guarded.returncode == raw.returncode == 1
+    assert raw.stderr.count("Traceback (most recent call last)") == 1
+    assert guarded.stderr.count("Traceback (most recent call last)") == 1
+    assert "RuntimeError: loss is NaN" in guarded.stderr
+
+
 @pytest.mark.parametrize("tracker", ["tensorboardX", "torch-tensorboard"])
 @pytest.mark.parametrize("path", PATHS)
 def test_tensorboard_keeps_every_scalar(
