@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 
+from lifeguard.backends import MODULES as _BACKEND_MODULES
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import signal as _signal
@@ -28,10 +30,11 @@ __all__ = [
 
 DEFAULT_SIGNALS: tuple[str, ...] = ("SIGINT", "SIGTERM", "SIGHUP")
 
-# The trackers lifeguard can end besides MLflow (see lifeguard/backends/__init__.py). Each is on
-# only if the program imports that library. ClearML is opt-in: it has exit hooks of its own and
-# its offline mode records no status, so the adapter could not be tested here (README).
-TRACKERS: tuple[str, ...] = ("tensorboard", "wandb", "swanlab", "trackio", "clearml")
+# The trackers lifeguard can end besides MLflow (lifeguard/backends/__init__.py, which install()
+# imports anyway). Each is on only if the program imports that library. ClearML is opt-in: it
+# has exit hooks of its own and its offline mode records no status, so the adapter could not be
+# tested here (README).
+TRACKERS: tuple[str, ...] = tuple(_BACKEND_MODULES)
 DEFAULT_TRACKERS: tuple[str, ...] = ("tensorboard", "wandb", "swanlab", "trackio")
 
 # Finalization must fit the shortest common grace period with room to spare: Kubernetes and

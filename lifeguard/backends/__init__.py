@@ -24,17 +24,9 @@ __all__ = ["RUN_ORDER", "load"]
 
 RUN_ORDER: tuple[str, ...] = ("tensorboard", "mlflow", "wandb", "swanlab", "trackio", "clearml")
 
-# name -> "module:attribute" of a finalizer taking an Outcome. MLflow's needs install()'s
-# options, so api.install() builds it itself.
-_FINALIZERS = {
-    "tensorboard": "lifeguard.backends.tensorboard:finalize",
-    "wandb": "lifeguard.backends.wandb:finalize",
-    "swanlab": "lifeguard.backends.swanlab:finalize",
-    "trackio": "lifeguard.backends.trackio:finalize",
-    "clearml": "lifeguard.backends.clearml:finalize",
-}
-
-# name -> the modules whose presence in sys.modules means the program uses that tracker.
+# name -> the modules whose presence in sys.modules means the program uses that tracker. Each
+# one's finalizer is lifeguard.backends.<name>.finalize. MLflow's needs install()'s options, so
+# api.install() builds it itself.
 MODULES = {
     "tensorboard": ("torch.utils.tensorboard.writer", "tensorboardX.writer"),
     "wandb": ("wandb",),
@@ -53,7 +45,7 @@ class _Lazy:
     __slots__ = ("name",)
 
     def __init__(self, name: str) -> None:
-        if name not in _FINALIZERS:
+        if name not in MODULES:
             raise ValueError(f"unknown backend {name!r}")
         self.name = name
 
@@ -67,8 +59,8 @@ class _Lazy:
     def __call__(self, outcome: Outcome) -> object:
         import importlib
 
-        module, _, attribute = _FINALIZERS[self.name].partition(":")
-        finalizer: Callable[[Outcome], object] = getattr(importlib.import_module(module), attribute)
+        module = importlib.import_module(f"lifeguard.backends.{self.name}")
+        finalizer: Callable[[Outcome], object] = module.finalize
         return finalizer(outcome)
 
     def __repr__(self) -> str:

@@ -86,44 +86,40 @@ def end_active_runs(
     journal = Journal()
     ended: list[str] = []
     deferred: list[str] = []
+
+    def end_or_defer(run_id: str) -> None:
+        if defer_to is not None:
+            deferred.append(run_id)
+        elif (
+            mlflow_runs.terminate(client, run_id, outcome, ended_by=ended_by, journal=journal)
+            == mlflow_runs.ENDED
+        ):
+            ended.append(run_id)
+
     with mlflow_runs.bounded_http(time_left()):
         for stack, run in active_runs(fluent):
             run_id: str = run.info.run_id  # type: ignore[attr-defined]
             if not (end_attached or (run_id not in attached and _started_here(run, me))):
                 log.debug("lifeguard: leaving attached run %s alone", run_id)
                 continue
-            if defer_to is not None:
-                deferred.append(run_id)
-            elif (
-                mlflow_runs.terminate(client, run_id, outcome, ended_by=ended_by, journal=journal)
-                == mlflow_runs.ENDED
-            ):
-                ended.append(run_id)
+            end_or_defer(run_id)
             _forget(fluent, stack, run, run_id)
-        for run_id in _created_outside_fluent(client, me, handled=set(ended) | set(deferred)):
-            if defer_to is not None:
-                deferred.append(run_id)
-            elif (
-                mlflow_runs.terminate(client, run_id, outcome, ended_by=ended_by, journal=journal)
-                == mlflow_runs.ENDED
-            ):
-                ended.append(run_id)
+        for run_id in _created_outside_fluent(client, me, handled=[*ended, *deferred]):
+            end_or_defer(run_id)
     if defer_to is not None and deferred:
         defer_to.send_uri(client.tracking_uri)
         defer_to.send("defer", " ".join(deferred))
     return ended
 
 
-def _created_outside_fluent(client: MlflowClient, me: Owner, handled: set[str]) -> list[str]:
+def _created_outside_fluent(client: MlflowClient, me: Owner, handled: list[str]) -> list[str]:
     """RUNNING runs this process created with ``MlflowClient.create_run`` after resolving
-    context tags (Lightning's MLFlowLogger), found by their owner tags: one search, made only
-    if such a run was created. A run its creator already ended is no longer RUNNING."""
-    from lifeguard.backends import mlflow_context, mlflow_runs
+    context tags (Lightning's MLFlowLogger). A run its creator already ended is no longer
+    RUNNING. A failed search is logged, not raised: the other runs still end."""
+    from lifeguard.backends.mlflow_context import runs_created_outside_fluent
 
-    if not mlflow_context.created_outside_fluent_here():
-        return []
     try:
-        found = mlflow_runs.find_running_owned_by(client, me)
+        return runs_created_outside_fluent(client, me, handled)
     except Exception as exc:  # noqa: BLE001 - the guardians and the sweep can still find them
         logger().error(
             "lifeguard: cannot search %s for the runs this process created outside "
@@ -132,7 +128,6 @@ def _created_outside_fluent(client: MlflowClient, me: Owner, handled: set[str]) 
             exc,
         )
         return []
-    return [run_id for run_id in found if run_id not in handled]
 
 
 def active_runs(fluent: object) -> list[tuple[list[object], object]]:

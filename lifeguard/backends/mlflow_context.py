@@ -23,6 +23,7 @@ from lifeguard.owner import Owner
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Iterable
     from types import FrameType
 
 __all__ = ["OwnerRunContext"]
@@ -39,6 +40,19 @@ created_outside_fluent: int | None = None
 def created_outside_fluent_here() -> bool:
     """Whether this process created runs that only a search by owner tags can find."""
     return created_outside_fluent == os.getpid()
+
+
+def runs_created_outside_fluent(client: object, me: Owner, known: Iterable[str]) -> list[str]:
+    """The RUNNING runs this process created with ``MlflowClient.create_run`` (found by their
+    owner tags, one search), besides ``known``; [] without a search in a process that created
+    none. Raises what the search raises."""
+    if not created_outside_fluent_here():
+        return []
+    from lifeguard.backends import mlflow_runs
+
+    known = set(known)
+    found = mlflow_runs.find_running_owned_by(client, me)  # type: ignore[arg-type]
+    return [run_id for run_id in found if run_id not in known]
 
 
 def _called_from_start_run() -> bool:

@@ -56,18 +56,6 @@ class Heartbeat:
         while not self._stop.wait(self.interval):
             self.beat()
 
-    @staticmethod
-    def _created_outside_fluent(client: object, known: list[str]) -> list[str]:
-        """Runs on no active-run stack (Lightning's MLFlowLogger): one search by owner tags per
-        beat, and only in a process that created such runs."""
-        from lifeguard.backends import mlflow_context, mlflow_runs
-        from lifeguard.owner import Owner
-
-        if not mlflow_context.created_outside_fluent_here():
-            return []
-        found = mlflow_runs.find_running_owned_by(client, Owner.current())  # type: ignore[arg-type]
-        return [run_id for run_id in found if run_id not in known]
-
     def beat(self) -> int:
         """Refresh the heartbeat of every run this process owns. Returns how many."""
         fluent = sys.modules.get("mlflow.tracking.fluent")
@@ -76,13 +64,17 @@ class Heartbeat:
         from mlflow.tracking import MlflowClient
 
         from lifeguard.backends.mlflow import owned_active_runs
+        from lifeguard.backends.mlflow_context import runs_created_outside_fluent
+        from lifeguard.owner import Owner
 
         beaten = 0
         try:
             client = MlflowClient()
             stamp = str(now_ms())
             run_ids = owned_active_runs(fluent)
-            run_ids += self._created_outside_fluent(client, run_ids)
+            # Runs on no active-run stack (Lightning's MLFlowLogger): one search per beat,
+            # only in a process that created such runs.
+            run_ids += runs_created_outside_fluent(client, Owner.current(), run_ids)
             for run_id in run_ids:
                 if self._stop.is_set():
                     break

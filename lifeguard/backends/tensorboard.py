@@ -24,14 +24,13 @@ __all__ = ["TEXT_TAG", "finalize", "open_writers"]
 
 TEXT_TAG = "lifeguard/outcome"
 
-# Modules that define a SummaryWriter, looked up only if already imported by the program.
-_WRITER_MODULES = ("torch.utils.tensorboard.writer", "tensorboardX.writer")
-
 
 def open_writers() -> list[object]:
     """Every SummaryWriter (or subclass) alive in this process and not yet closed."""
+    from lifeguard.backends import MODULES
+
     classes: list[type] = []
-    for name in _WRITER_MODULES:
+    for name in MODULES["tensorboard"]:  # the modules that define a SummaryWriter
         cls = getattr(sys.modules.get(name), "SummaryWriter", None)
         if isinstance(cls, type):
             classes.extend(_with_subclasses(cls))

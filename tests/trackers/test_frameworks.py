@@ -67,25 +67,21 @@ def check(store: Store, result: ChildResult, status: str, code: int) -> None:
         assert run.info.end_time is not None
 
 
-@pytest.mark.parametrize("path", LIGHTNING)
-def test_lightning(store: Store, tmp_path: Path, path: str) -> None:
-    need("lightning")
-    check(store, train(store, tmp_path, "lightning", path, guarded=True), *LIGHTNING[path])
+CASES = [
+    pytest.param(framework, guarded, path, status, code, id=f"{framework}-{label}-{path}")
+    for framework, guarded, label, table in (
+        ("lightning", True, "lifeguard", LIGHTNING),
+        ("lightning", False, "raw", LIGHTNING_RAW),
+        ("hf", True, "lifeguard", HF),
+        ("hf", False, "raw", HF_RAW),
+    )
+    for path, (status, code) in table.items()
+]
 
 
-@pytest.mark.parametrize("path", LIGHTNING_RAW)
-def test_lightning_without_lifeguard(store: Store, tmp_path: Path, path: str) -> None:
-    need("lightning")
-    check(store, train(store, tmp_path, "lightning", path, guarded=False), *LIGHTNING_RAW[path])
-
-
-@pytest.mark.parametrize("path", HF)
-def test_huggingface_trainer(store: Store, tmp_path: Path, path: str) -> None:
-    need("transformers")
-    check(store, train(store, tmp_path, "hf", path, guarded=True), *HF[path])
-
-
-@pytest.mark.parametrize("path", HF_RAW)
-def test_huggingface_trainer_without_lifeguard(store: Store, tmp_path: Path, path: str) -> None:
-    need("transformers")
-    check(store, train(store, tmp_path, "hf", path, guarded=False), *HF_RAW[path])
+@pytest.mark.parametrize(("framework", "guarded", "path", "status", "code"), CASES)
+def test_framework_run_ends_with(
+    store: Store, tmp_path: Path, framework: str, guarded: bool, path: str, status: str, code: int
+) -> None:
+    need("lightning" if framework == "lightning" else "transformers")
+    check(store, train(store, tmp_path, framework, path, guarded), status, code)

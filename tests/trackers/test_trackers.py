@@ -76,12 +76,18 @@ def expected_returncode(path: str) -> int:
     return {"return": 0, "sys.exit(3)": 3, "exception": 1}.get(path, -SIGNALS.get(path, 0))
 
 
+def ended(store: Store, out: Path, path: str, *trackers: str) -> ChildResult:
+    """Run the program under lifeguard; it must end exactly as ``path`` ends a process."""
+    result = run_program(store, out, path, *trackers)
+    assert result.returncode == expected_returncode(path), result.stderr[-3000:]
+    return result
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_wandb_records_the_exit_code(store: Store, tmp_path: Path, path: str) -> None:
     need("wandb")
     status, exit_code = PATHS[path]
-    result = run_program(store, tmp_path, path, "wandb")
-    assert result.returncode == expected_returncode(path), result.stderr[-3000:]
+    result = ended(store, tmp_path, path, "wandb")
     run = WandbRun(tmp_path, str(result.ready["wandb_id"]))
     assert run.exit_code == exit_code
     assert run.history_steps == len(STEPS)
@@ -112,8 +118,7 @@ def test_tensorboard_keeps_every_scalar(
 ) -> None:
     need(tracker)
     status, _ = PATHS[path]
-    result = run_program(store, tmp_path, path, tracker)
-    assert result.returncode == expected_returncode(path), result.stderr[-3000:]
+    ended(store, tmp_path, path, tracker)
     scalars, texts = tensorboard_events(tmp_path / tracker)
     assert [step for tag, step, _ in scalars if tag == "loss"] == STEPS
     outcome = [v for tag, v in texts.items() if tag.startswith("lifeguard/outcome")]
@@ -128,8 +133,7 @@ def test_tensorboard_keeps_every_scalar(
 def test_swanlab_records_the_state(store: Store, tmp_path: Path, path: str) -> None:
     need("swanlab")
     status, _ = PATHS[path]
-    result = run_program(store, tmp_path, path, "swanlab")
-    assert result.returncode == expected_returncode(path), result.stderr[-3000:]
+    ended(store, tmp_path, path, "swanlab")
     run = SwanlabRun(tmp_path)
     assert run.state == SWANLAB_STATES[status]
     assert run.scalars == len(STEPS)
@@ -139,8 +143,7 @@ def test_swanlab_records_the_state(store: Store, tmp_path: Path, path: str) -> N
 def test_trackio_flushes_and_alerts(store: Store, tmp_path: Path, path: str) -> None:
     need("trackio")
     status, _ = PATHS[path]
-    result = run_program(store, tmp_path, path, "trackio")
-    assert result.returncode == expected_returncode(path), result.stderr[-3000:]
+    ended(store, tmp_path, path, "trackio")
     run = TrackioRun(tmp_path / "trackio", "lifeguard", "trackers")
     assert run.steps == STEPS
     if status == "FINISHED":
@@ -157,8 +160,7 @@ ALL = ("mlflow", "wandb", "tensorboardX", "swanlab", "trackio")
 def test_every_tracker_tells_the_same_truth(store: Store, tmp_path: Path, path: str) -> None:
     need(*ALL)
     status, exit_code = PATHS[path]
-    result = run_program(store, tmp_path, path, *ALL)
-    assert result.returncode == expected_returncode(path), result.stderr[-3000:]
+    result = ended(store, tmp_path, path, *ALL)
     [run_id] = result.ready["run_ids"]
     assert store.status(run_id) == status
     assert WandbRun(tmp_path, str(result.ready["wandb_id"])).exit_code == exit_code
