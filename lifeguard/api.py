@@ -4,6 +4,7 @@ them lazily so that ``import lifeguard`` costs next to nothing)."""
 from __future__ import annotations
 
 import _thread
+import sys
 
 from lifeguard.finalizers import Handle, Registry
 from lifeguard.lifecycle import Lifecycle, Phase
@@ -29,6 +30,9 @@ _faulthandler_ours = False
 GUARDIAN_ENV = "LIFEGUARD_GUARDIAN"
 # The background replay of journaled statuses started by install(), if there was anything.
 replay_thread: object | None = None
+# In a forked child: the runs that were on MLflow's active-run stacks when it was forked. They
+# are the parent's, though this process's stacks still hold them.
+_inherited_runs: frozenset[str] = frozenset()
 
 
 def current() -> Lifecycle | None:
@@ -63,15 +67,15 @@ def install(**options: object) -> None:
         _ensure_fork_hook()
         lifecycle = Lifecycle(parsed, _registry)
         # Raises (wrong thread) before any state changes.
-        lifecycle.hooks.install(parsed.signals, blocked_grace=parsed.blocked_grace)
+        lifecycle.hooks.install(parsed.signals)
         _current = lifecycle
         _connect_guardian(lifecycle)
         _replay_journal_in_background()
         if not _builtin_handles:
-            _register_builtins(parsed)
+            _register_builtins(parsed, lifecycle)
 
 
-def _register_builtins(options: Options) -> None:
+def _register_builtins(options: Options, lifecycle: Lifecycle) -> None:
     """One finalizer per enabled backend, in the documented run order (backends/__init__.py).
     The registry runs newest first, so they are registered last-to-run first, and a program's
     own finalizers, registered after install(), run before all of them."""
@@ -86,10 +90,13 @@ def _register_builtins(options: Options) -> None:
             from lifeguard.backends.mlflow import MlflowFinalizer
 
             attached = os.environ.get("MLFLOW_RUN_ID")
-            finalizer: Callable[[Outcome], object] = MlflowFinalizer(
+            mlflow_finalizer = MlflowFinalizer(
                 end_attached=options.end_attached,
                 attached=frozenset([attached] if attached else []),
             )
+            mlflow_finalizer.inherited = _inherited_runs
+            lifecycle.mlflow_finalizer = mlflow_finalizer
+            finalizer: Callable[[Outcome], object] = mlflow_finalizer
         elif name in options.trackers:
             finalizer = backends.load(name)
         else:
@@ -213,10 +220,19 @@ def _after_fork_in_child() -> None:
     """A forked child (DataLoader worker, multiprocessing) inherits our hooks and registry but
     owns none of the parent's finalizers. Replace, never lock: another parent thread may have
     held the locks at the moment of fork."""
-    global _registry, _current, _builtin_handles, _lock
+    global _registry, _current, _builtin_handles, _lock, _inherited_runs
     lifecycle = _current
-    if lifecycle is not None and lifecycle.hooks.blocked is not None:
-        lifecycle.hooks.blocked.after_fork_in_child()
+    fluent = sys.modules.get("mlflow.tracking.fluent")
+    if fluent is not None:
+        try:
+            stacks = fluent._active_run_stack.get_all_thread_values()
+            _inherited_runs = _inherited_runs | frozenset(
+                run.info.run_id for stack in stacks.values() for run in stack
+            )
+        except Exception:  # noqa: BLE001 - MLflow's internals moved: end nothing inherited
+            pass
+    if lifecycle is not None:
+        lifecycle.hooks.signals.after_fork_in_child()
     if lifecycle is not None and lifecycle.channel is not None:
         from lifeguard.guardian.channel import WATCHDOG
 

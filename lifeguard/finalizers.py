@@ -3,6 +3,11 @@
 Finalizers run last-registered-first, like ``atexit``: the MLflow finalizer is registered by
 ``install()``, so a user's finalizer registered later still sees the run open and can log to it.
 
+Before any finalizer runs, each one that has a ``prepare(outcome)`` method is called, in order and
+inline: it records, quickly and on local disk, what it is about to do (the MLflow finalizer
+journals every run's final status), so that nothing is lost if the deadline, a second signal or a
+SIGKILL cuts the rest short.
+
 Each finalizer runs in a daemon thread that the caller joins with a timeout, so a hanging one is
 abandoned rather than waited on. The budget is shared fairly: a finalizer may use the remaining
 time divided by the number still to run, and what a quick one leaves over goes to the next. So a
@@ -24,7 +29,7 @@ if TYPE_CHECKING:
 
     Finalizer = Callable[[Outcome], object]
 
-__all__ = ["Handle", "Registry", "Report", "time_left"]
+__all__ = ["PENDING", "Handle", "Registry", "Report", "time_left"]
 
 # Thread id -> monotonic deadline of the finalizer running in that thread.
 _deadlines: dict[int, float] = {}
@@ -60,9 +65,15 @@ class Handle:
         return f"<lifeguard finalizer {self.name!r}>"
 
 
+# What a finalizer returns when it did its part but could not confirm all of it (a run's status
+# journaled, not yet written): a guardian must not be told that nothing is left to do.
+PENDING = "pending"
+
+
 class Report:
-    """How one finalizer went: ``"ok"``, ``"raised"``, ``"timed out"``, ``"skipped"`` (not
-    for this rank) or ``"unused"`` (a built-in one whose library the program never loaded)."""
+    """How one finalizer went: ``"ok"``, ``"pending"`` (done as far as it could, the rest is
+    journaled), ``"raised"``, ``"timed out"``, ``"skipped"`` (not for this rank) or
+    ``"unused"`` (a built-in one whose library the program never loaded)."""
 
     __slots__ = ("error", "name", "result", "seconds")
 
@@ -71,6 +82,11 @@ class Report:
         self.result = result
         self.seconds = seconds
         self.error = error
+
+    @property
+    def complete(self) -> bool:
+        """Whether this finalizer left nothing for a guardian to finish."""
+        return self.result in ("ok", "skipped", "unused")
 
     def __repr__(self) -> str:
         return f"Report({self.name!r}, {self.result!r}, {self.seconds:.3f}s)"
@@ -128,6 +144,9 @@ class Registry:
         reports = []
         end = time.monotonic() + deadline
         for handle in pending:
+            if id(handle) not in skipped and id(handle) not in unused:
+                _prepare(handle, outcome)
+        for handle in pending:
             if id(handle) in skipped:
                 reports.append(Report(handle.name, "skipped", 0.0, None))
             elif id(handle) in unused:
@@ -137,6 +156,16 @@ class Registry:
                 left -= 1
                 reports.append(_run_one(handle, outcome, share))
         return reports
+
+
+def _prepare(handle: Handle, outcome: Outcome) -> None:
+    prepare = getattr(handle.fn, "prepare", None)
+    if prepare is None:
+        return
+    try:
+        prepare(outcome)
+    except Exception as exc:  # noqa: BLE001 - the finalizer itself still runs
+        logger().error("lifeguard: preparing finalizer %r failed: %s", handle.name, exc)
 
 
 def _applies(handle: Handle) -> bool:
@@ -163,11 +192,13 @@ def _run_one(handle: Handle, outcome: Outcome, timeout: float) -> Report:
     # in a ContextVar (trackio) find it there.
     context = contextvars.copy_context()
 
+    returned: list[object] = []
+
     def target() -> None:
         ident = _thread.get_ident()
         _deadlines[ident] = started + timeout
         try:
-            context.run(handle.fn, outcome)
+            returned.append(context.run(handle.fn, outcome))
         except BaseException as exc:  # noqa: BLE001 - a finalizer must never break the others
             box.append(exc)
         else:
@@ -204,6 +235,8 @@ def _run_one(handle: Handle, outcome: Outcome, timeout: float) -> Report:
             exc_info=(type(error), error, error.__traceback__),
         )
         return Report(handle.name, "raised", seconds, error)
+    if returned and returned[0] == PENDING:
+        return Report(handle.name, PENDING, seconds, None)
     return Report(handle.name, "ok", seconds, None)
 
 

@@ -1,16 +1,9 @@
-"""Process hooks: atexit, signal handlers, ``sys.excepthook``, ``sys.exit`` and ``exit()``.
+"""Process hooks: atexit, ``sys.excepthook``, ``sys.exit``, ``exit()`` and ``os._exit``.
 
 Nothing here knows about finalizers or backends. The hooks observe how the process is ending and
-report it to a :class:`Listener` (the lifecycle), which decides what to do; then they get out of
-the way so that the process ends exactly as it would have without them:
-
-* a signal whose previous disposition was the default action: the listener finalizes, then the
-  default action is restored and the same signal re-raised, so the parent sees a real death by
-  that signal (npm signal-exit and CPython's ``exit_sigint()`` do the same);
-* a signal with a previous Python handler (the user's, Ray's, ``default_int_handler``): that
-  handler is called. If it raises (SystemExit, KeyboardInterrupt), the process is on its way out
-  and atexit finalizes; if it returns, the program chose to live on and nothing is finalized;
-* an ignored signal (SIGHUP under nohup) is not hooked at all, so it stays ignored.
+report it to the lifecycle, which decides what to do; then they get out of the way so that the
+process ends exactly as it would have without them. Signals have a module of their own
+(``lifeguard.signals``): one path from delivery to death.
 """
 
 from __future__ import annotations
@@ -19,36 +12,18 @@ import atexit
 import os
 import sys
 
+from lifeguard.signals import SignalWatch, die_by_signal, is_main_thread
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    import signal as _signal
-else:
-    # The C module, not `signal` (nor `threading`): those pull in enum, functools and
-    # collections, ~4 ms, twice install()'s whole 2 ms budget in a fresh interpreter. Same API.
-    import _signal
-if TYPE_CHECKING:
     from collections.abc import Callable
-    from types import FrameType, TracebackType
+    from types import TracebackType
 
-    from lifeguard.blocked import BlockedMainThread
     from lifeguard.lifecycle import Lifecycle
 
-    Handler = Callable[[int, FrameType | None], object] | int | None
     ExceptHook = Callable[[type[BaseException], BaseException, TracebackType | None], object]
 
 __all__ = ["ProcessHooks", "die_by_signal", "is_main_thread"]
-
-
-def is_main_thread() -> bool:
-    threading = sys.modules.get("threading")
-    # Until something imports threading, no thread but the main one can run Python code.
-    return threading is None or threading.current_thread() is threading.main_thread()
-
-
-def _thread_name() -> str:
-    import threading
-
-    return threading.current_thread().name
 
 
 def _traceback_already_printed() -> bool:
@@ -63,20 +38,6 @@ def _traceback_already_printed() -> bool:
     return caller.co_name == "exc_handler" and caller.co_filename.endswith(
         os.path.join("wandb", "sdk", "lib", "exit_hooks.py")
     )
-
-
-def die_by_signal(signum: int) -> None:
-    """End the process by ``signum``'s default action, as if nobody had caught it."""
-    try:
-        if signum != _signal.SIGKILL:  # SIGKILL's disposition is always the default
-            _signal.signal(signum, _signal.SIG_DFL)
-            _signal.pthread_sigmask(_signal.SIG_UNBLOCK, {signum})
-        _signal.raise_signal(signum)
-    finally:
-        # Only reached if the default action did not end the process (it always does for the
-        # signals lifeguard accepts); exit with the shell's code for that signal rather than
-        # return into code that believes it is dead.
-        os._exit(128 + signum)
 
 
 class _Quitter:
@@ -99,46 +60,17 @@ class ProcessHooks:
 
     def __init__(self, lifecycle: Lifecycle) -> None:
         self._lifecycle = lifecycle
-        self._saved_signals: dict[int, Handler] = {}
+        self.signals = SignalWatch(lifecycle)
         self._saved_excepthook: ExceptHook | None = None
         self._saved_exit: Callable[..., object] | None = None
         self._saved_quitters: dict[str, object] = {}
         self._saved_os_exit: Callable[[int], object] | None = None
-        # The signal whose chained handler is running now: a sys.exit() made from inside it
-        # (Ray's SIGTERM handler calls sys.exit(1)) is that signal's doing, not a plain exit.
-        self._in_handler_for: int | None = None
-        self.blocked: BlockedMainThread | None = None
 
     # -- install / uninstall -----------------------------------------------------------------
 
-    def install(self, signals: tuple[int, ...], blocked_grace: float = 0.0) -> None:
+    def install(self, signals: tuple[int, ...]) -> None:
         # Signals first: they are what can fail (wrong thread), and nothing else is touched then.
-        for signum in signals:
-            previous = _signal.getsignal(signum)
-            if previous == _signal.SIG_IGN or previous is None:
-                # SIG_IGN: the program (or nohup) chose to ignore it; it must stay ignored.
-                # None: a handler set from C that Python cannot call, so it cannot be chained;
-                # replacing it would lose it.
-                continue
-            try:
-                _signal.signal(signum, self._on_signal)
-            except ValueError:  # "signal only works in main thread of the main interpreter"
-                self._restore_signals()
-                raise RuntimeError(
-                    "lifeguard.install() hooks signals, which Python allows only in the main "
-                    f"thread, but it was called from thread {_thread_name()!r}. Call it at "
-                    "program start, or pass signals=() to hook only atexit, excepthook and "
-                    "sys.exit."
-                ) from None
-            self._saved_signals[signum] = previous
-        takeover = frozenset(
-            s for s, prev in self._saved_signals.items() if prev == _signal.SIG_DFL
-        )
-        if takeover and blocked_grace > 0:
-            from lifeguard.blocked import BlockedMainThread
-
-            self.blocked = BlockedMainThread(self._lifecycle, takeover, blocked_grace)
-            self.blocked.start()
+        self.signals.install(signals)
         atexit.register(self._atexit)
         self._saved_excepthook = sys.excepthook
         sys.excepthook = self._excepthook
@@ -168,7 +100,7 @@ class ProcessHooks:
 
     def uninstall(self) -> None:
         """Restore what was there before, but only where lifeguard's hook is still the one in
-        place: a handler someone installed after us is theirs, and stays."""
+        place: a hook someone installed after us is theirs, and stays."""
         atexit.unregister(self._atexit)
         if self._saved_os_exit is not None and os._exit == self._os_exit:
             os._exit = self._saved_os_exit  # type: ignore[assignment]
@@ -183,16 +115,7 @@ class ProcessHooks:
             if isinstance(current, _Quitter) and current._hooks is self:
                 setattr(builtins, name, original)
         if is_main_thread():
-            self._restore_signals()
-            if self.blocked is not None:
-                self.blocked.stop()
-                self.blocked = None
-
-    def _restore_signals(self) -> None:
-        for signum, previous in self._saved_signals.items():
-            if _signal.getsignal(signum) == self._on_signal:
-                _signal.signal(signum, previous)
-        self._saved_signals.clear()
+            self.signals.restore()
 
     def move_atexit_to_front(self) -> None:
         """atexit runs last-registered-first. Re-registering puts our hook ahead of any hook
@@ -208,14 +131,19 @@ class ProcessHooks:
     def _excepthook(
         self, tp: type[BaseException], value: BaseException, tb: TracebackType | None
     ) -> None:
+        lifecycle = self._lifecycle
         try:
-            if self._lifecycle.owns_process():
-                self._lifecycle.note_exception(value)
+            if lifecycle.owns_process():
+                # The process is already dying of a signal (the ender finalizes): an exception
+                # raised since, in the moments it took, is not the program's ending. Without
+                # lifeguard the signal would have ended it before; so it ends now, unprinted.
+                lifecycle.die_if_ending_by_signal()
+                lifecycle.note_exception(value)
                 self.move_atexit_to_front()
         finally:
             hook = self._saved_excepthook or sys.__excepthook__
             if hook is not sys.__excepthook__ or not _traceback_already_printed():
-                hook(tp, value, tb)
+                hook(tp, value, _without_own_frames(tb) if tb is not None else tb)
 
     def _exit(self, code: object = None) -> None:
         self.exit_called(code)
@@ -224,63 +152,25 @@ class ProcessHooks:
 
     def exit_called(self, code: object) -> None:
         # sys.exit() in another thread only ends that thread; it says nothing about the process.
-        if is_main_thread() and self._lifecycle.owns_process():
-            if self._in_handler_for is None:
+        lifecycle = self._lifecycle
+        if is_main_thread() and lifecycle.owns_process():
+            lifecycle.die_if_ending_by_signal()
+            if self.signals.in_handler_for is None:
                 # Frame 2 is whoever called sys.exit/exit() (through our wrapper): with it,
                 # the whole stack above stays alive until finalization.
-                self._lifecycle.note_exit(code, sys._getframe(2))
+                lifecycle.note_exit(code, sys._getframe(2))
             self.move_atexit_to_front()
 
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        previous = self._saved_signals.get(signum, _signal.SIG_DFL)
-        lifecycle = self._lifecycle
-        blocked = self.blocked
-        if blocked is not None and signum in blocked.takeover:
-            blocked.acknowledge()
-        if lifecycle.is_finalizing() and lifecycle.owns_process():
-            if blocked is not None and blocked.taken_over == signum:
-                # Back from a long C call while the helper finalizes for this very signal:
-                # let it finish rather than cut it short.
-                blocked.wait_for_take_over(lifecycle.options.deadline + 1.0)
-                die_by_signal(signum)
-            if lifecycle.outcome is not None and lifecycle.outcome.signum is not None:
-                # A second signal while finalizers run for the first: the sender means it.
-                die_by_signal(signum)
-            # The first signal, while finalizing an exit or a crash (torchrun's SIGTERM to the
-            # surviving ranks after one failed): the finalizers, bounded by the deadline, finish
-            # first; then the process dies of this signal, as it would have without us.
-            lifecycle.die_after_finalizing = signum
-            return
-        active = lifecycle.owns_process() and lifecycle.is_installed()
-        if callable(previous):
-            if active:
-                lifecycle.note_signal(signum)
-            outer, self._in_handler_for = self._in_handler_for, signum
-            try:
-                previous(signum, frame)
-            except SystemExit:
-                # The handler ends the process (Ray's raises SystemExit(1); a user's may call
-                # sys.exit). Finalize now: Ray's worker then exits without running atexit.
-                if active:
-                    from lifeguard.outcome import Outcome
 
-                    lifecycle.finalize(Outcome.signalled(signum))
-                raise
-            except BaseException:
-                # KeyboardInterrupt and the like unwind through the program, whose own
-                # `except KeyboardInterrupt:` cleanup (a last checkpoint) must come first; atexit
-                # finalizes, ahead of MLflow's own hook.
-                if active:
-                    self.move_atexit_to_front()
-                raise
-            finally:
-                self._in_handler_for = outer
-            if active:
-                # The handler returned: the program handled the signal and lives on.
-                lifecycle.forget_signal(signum)
-            return
-        if active:
-            from lifeguard.outcome import Outcome
-
-            lifecycle.finalize(Outcome.signalled(signum))
-        die_by_signal(signum)
+def _without_own_frames(tb: TracebackType) -> TracebackType:
+    """The traceback as the program would print it without lifeguard: a KeyboardInterrupt
+    raised by Python's ``default_int_handler``, chained from lifeguard's signal handler, would
+    otherwise show one frame of ``lifeguard/signals.py`` at its tip."""
+    own = os.path.join("lifeguard", "signals.py")
+    entry: TracebackType | None = tb
+    while entry is not None and entry.tb_next is not None:
+        if entry.tb_next.tb_frame.f_code.co_filename.endswith(own):
+            entry.tb_next = None
+            break
+        entry = entry.tb_next
+    return tb

@@ -47,9 +47,15 @@ class Lifecycle:
         self.channel: Channel | None = None
         self.guardian_pid: int | None = None  # the watchdog's, if this process started one
         # A signal that arrived while finalizing an exit or a crash: die of it once done.
-        self.die_after_finalizing: int | None = None
+        self.die_after: int | None = None
+        # Held until finalize() has run: wait_finalized() waits for its release.
+        self._finalized = _thread.allocate_lock()
+        self._finalized.acquire()
         # The frame that called sys.exit, held until the finalizers have run (see note_exit).
         self.keep_alive: object = None
+        # The MLflow finalizer install() registered, if any (the heartbeat asks it which runs
+        # are this process's).
+        self.mlflow_finalizer: object = None
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -62,6 +68,31 @@ class Lifecycle:
 
     def is_finalizing(self) -> bool:
         return self.phase == Phase.FINALIZING
+
+    def is_done(self) -> bool:
+        return self.phase == Phase.DONE
+
+    def wait_finalized(self, timeout: float) -> None:
+        """Block until finalize() has run (or ``timeout`` seconds)."""
+        if self._finalized.acquire(timeout=timeout):
+            self._finalized.release()
+
+    def die_after_finalizing(self, signum: int) -> None:
+        """A signal came while finalizing an exit or a crash: die of it once that is done."""
+        self.die_after = signum
+        if self.phase == Phase.DONE:  # done meanwhile: nobody is left to act on it
+            _die(signum)
+
+    def die_if_ending_by_signal(self) -> None:
+        """In the main thread, when the process is already on its way to die of a signal (the
+        ender finalizes for it): wait for the ender to end the process, and never return."""
+        signals = self.hooks.signals
+        first = signals.first
+        if signals.ending and first is not None:
+            self.wait_finalized(self.options.deadline + 5.0)
+            from lifeguard.signals import die_by_signal
+
+            die_by_signal(first[0])
 
     # -- events from the hooks -------------------------------------------------------------------
 
@@ -92,8 +123,12 @@ class Lifecycle:
 
     def on_interpreter_exit(self) -> None:
         try:
-            if self.owns_process() and self.phase == Phase.INSTALLED:
-                self.finalize(self.outcome or _unreported_outcome())
+            if self.owns_process():
+                # The main thread got to the end while the ender finalizes for a signal: the
+                # process dies of that signal, not of this exit.
+                self.die_if_ending_by_signal()
+                if self.phase == Phase.INSTALLED:
+                    self.finalize(self.outcome or _unreported_outcome())
         finally:
             self.keep_alive = None  # the program's own __del__ cleanups may run now
 
@@ -105,16 +140,20 @@ class Lifecycle:
             return []
         self.phase = Phase.FINALIZING
         self.outcome = outcome
+        reports: list[Report] = []
         try:
             logger().debug("lifeguard: finalizing with %r", outcome)
-            return self.registry.run_all(outcome, self.options.deadline)
+            reports = self.registry.run_all(outcome, self.options.deadline)
+            return reports
         finally:
             self.phase = Phase.DONE
-            if self.channel is not None:
-                # Every run is ended, journaled or deferred: the guardian may stand down.
+            if self.channel is not None and all(r.complete for r in reports):
+                # Every run is confirmed ended (or handed over): the guardian may stand down.
+                # Anything less, and it stays to finish the job from the journal.
                 self.channel.send("done")
-            if self.die_after_finalizing is not None:
-                _die(self.die_after_finalizing)
+            self._finalized.release()
+            if self.die_after is not None:
+                _die(self.die_after)
 
     def uninstall(self) -> None:
         self.hooks.uninstall()
@@ -123,13 +162,9 @@ class Lifecycle:
 
 
 def _die(signum: int) -> None:
-    from lifeguard.hooks import die_by_signal, is_main_thread
+    from lifeguard.signals import _die as die
 
-    if is_main_thread():
-        die_by_signal(signum)
-    from lifeguard.blocked import die_from_any_thread
-
-    die_from_any_thread(signum)
+    die(signum)
 
 
 def _unreported_outcome() -> Outcome:

@@ -414,17 +414,6 @@ def test_forked_child_gets_its_own_wakeup_fd_back() -> None:
     assert result.stdout.split("\n")[:2] == ["child -1", "parent True"]
 
 
-def test_blocked_grace_zero_disables_the_helper() -> None:
-    result = python(
-        """
-        import signal, lifeguard
-        lifeguard.install(blocked_grace=0)
-        print(signal.set_wakeup_fd(-1))
-        """
-    )
-    assert result.stdout.strip() == "-1", result.stderr
-
-
 # -- ranks ------------------------------------------------------------------------------------
 
 

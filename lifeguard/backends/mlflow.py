@@ -18,10 +18,11 @@ if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
 
     from lifeguard.guardian.channel import Channel
+    from lifeguard.guardian.journal import Entry
     from lifeguard.outcome import Outcome
     from lifeguard.owner import Owner
 
-__all__ = ["MlflowFinalizer", "active_runs", "end_active_runs", "owned_active_runs"]
+__all__ = ["MlflowFinalizer", "active_runs", "owned_active_runs"]
 
 
 class MlflowFinalizer:
@@ -30,86 +31,227 @@ class MlflowFinalizer:
         # MLflow deletes MLFLOW_RUN_ID from the environment when start_run() attaches to it,
         # so the attached run's id is captured at install(), before that happens.
         self.attached = attached
+        # Runs on the active-run stacks at the moment this process was forked from its parent:
+        # the parent's, never this process's to end (set by api's fork hook).
+        self.inherited: frozenset[str] = frozenset()
+        self._plan: Plan | None = None
 
     def applies(self) -> bool:
         return "mlflow.tracking.fluent" in sys.modules
 
-    def __call__(self, outcome: Outcome) -> None:
-        # "On whenever mlflow gets imported by the program": if it never was, no run can be
-        # open in the fluent API, and importing mlflow now would only cost seconds at exit.
+    def prepare(self, outcome: Outcome) -> None:
+        """Before any finalizer runs: journal every run's final status, with its true end time.
+        Local disk and memory only: no lock the interrupted program may hold, no network."""
         fluent = sys.modules.get("mlflow.tracking.fluent")
         if fluent is None:
             return
         from lifeguard.backends import mlflow_context
 
         mlflow_context.heartbeat.stop()  # no beat may land after the final status
-        end_active_runs(
-            fluent,
-            outcome,
-            end_attached=self.end_attached,
-            attached=self.attached,
-            ended_by="process",
-            defer_to=_supervisor_for(outcome),
-        )
+        self._plan = Plan.make(fluent, outcome, self)
+
+    def __call__(self, outcome: Outcome) -> object:
+        # "On whenever mlflow gets imported by the program": if it never was, no run can be
+        # open in the fluent API, and importing mlflow now would only cost seconds at exit.
+        fluent = sys.modules.get("mlflow.tracking.fluent")
+        if fluent is None:
+            return None
+        plan, self._plan = self._plan, None
+        if plan is None:  # prepare() failed, or the registry was bypassed
+            from lifeguard.backends import mlflow_context
+
+            mlflow_context.heartbeat.stop()
+            plan = Plan.make(fluent, outcome, self)
+        return plan.carry_out()
 
 
-def end_active_runs(
-    fluent: object,
-    outcome: Outcome,
-    *,
-    end_attached: bool,
-    ended_by: str,
-    attached: frozenset[str] = frozenset(),
-    defer_to: Channel | None = None,
-) -> list[str]:
-    """End the active runs of every thread that this process owns. Returns their ids.
+class Plan:
+    """The runs one finalization ends, decided and journaled before anything slow happens."""
 
-    With ``defer_to`` (a supervisor's channel), the runs are handed over instead: taken off
-    MLflow's stacks, so MLflow's own hook cannot call them FINISHED, and left for the
-    supervisor, which will know the real exit status."""
-    from mlflow.tracking import MlflowClient
+    def __init__(
+        self,
+        fluent: object,
+        outcome: Outcome,
+        entries: list[Entry],
+        main_runs: list[tuple[list[object], object]],
+        defer_to: Channel | None,
+    ) -> None:
+        self.fluent = fluent
+        self.outcome = outcome
+        self.entries = entries
+        self.main_runs = main_runs
+        self.defer_to = defer_to
 
-    from lifeguard.backends import mlflow_runs
-    from lifeguard.finalizers import time_left
-    from lifeguard.guardian.journal import Journal
-    from lifeguard.owner import Owner
+    @classmethod
+    def make(cls, fluent: object, outcome: Outcome, finalizer: MlflowFinalizer) -> Plan:
+        import mlflow
 
-    log = logger()
-    try:
-        # Metrics queued by log_metric(..., synchronous=False) must land before the run ends.
-        fluent.flush_async_logging()  # type: ignore[attr-defined]
-    except Exception as exc:  # noqa: BLE001 - a failed flush must not stop the status write
-        log.warning("lifeguard: flushing MLflow async logging failed: %s", exc)
+        from lifeguard.backends.mlflow_runs import TAG_ENDED_BY
+        from lifeguard.guardian.journal import Entry, Journal
 
-    me = Owner.current()
-    client = MlflowClient()
-    journal = Journal()
-    ended: list[str] = []
-    deferred: list[str] = []
-
-    def end_or_defer(run_id: str) -> None:
-        if defer_to is not None:
-            deferred.append(run_id)
-        elif (
-            mlflow_runs.terminate(client, run_id, outcome, ended_by=ended_by, journal=journal)
-            == mlflow_runs.ENDED
-        ):
-            ended.append(run_id)
-
-    with mlflow_runs.bounded_http(time_left()):
+        uri = mlflow.get_tracking_uri()
+        defer_to = _supervisor_for(outcome)
+        skip = finalizer.inherited | (frozenset() if finalizer.end_attached else finalizer.attached)
+        main_stack = _main_thread_stack(fluent)
+        entries: list[Entry] = []
+        main_runs: list[tuple[list[object], object]] = []
+        tags = {**outcome.tags(), TAG_ENDED_BY: "process"}
+        end_time = int(outcome.time * 1000)
         for stack, run in active_runs(fluent):
             run_id: str = run.info.run_id  # type: ignore[attr-defined]
-            if not (end_attached or (run_id not in attached and _started_here(run, me))):
-                log.debug("lifeguard: leaving attached run %s alone", run_id)
+            if run_id in skip:
+                logger().debug("lifeguard: leaving run %s alone (not this process's)", run_id)
                 continue
-            end_or_defer(run_id)
-            _forget(fluent, stack, run, run_id)
-        for run_id in _created_outside_fluent(client, me, handled=[*ended, *deferred]):
-            end_or_defer(run_id)
-    if defer_to is not None and deferred:
-        defer_to.send_uri(client.tracking_uri)
-        defer_to.send("defer", " ".join(deferred))
-    return ended
+            if stack is main_stack:
+                main_runs.append((stack, run))
+            entries.append(Entry(run_id, uri, outcome.status.value, end_time, dict(tags)))
+        if defer_to is None and entries:
+            journal = Journal()
+            for entry in entries:
+                try:
+                    journal.write(entry)
+                except (OSError, ValueError) as exc:
+                    logger().error("lifeguard: cannot journal run %s: %s", entry.run_id, exc)
+        return cls(fluent, outcome, entries, main_runs, defer_to)
+
+    def carry_out(self) -> object:
+        """End the runs. Returns PENDING if any is only journaled."""
+        from mlflow.tracking import MlflowClient
+
+        from lifeguard.backends import mlflow_runs
+        from lifeguard.finalizers import PENDING, time_left
+        from lifeguard.guardian.journal import Journal
+        from lifeguard.owner import Owner
+
+        fluent = self.fluent
+        if not _dying_of_signal():
+            # The process goes on to exit through atexit: take the main thread's runs off its
+            # stack, as fluent.end_run() would, so that MLflow's own hook (always FINISHED) and
+            # a __del__ that ends "the active run" (HuggingFace's MLflowCallback) find nothing.
+            # Dying of a signal, neither will run, and a stack left as it is means that the main
+            # thread cannot start a new run by logging in the moment before it dies.
+            for stack, run in self.main_runs:
+                _forget(fluent, stack, run, run.info.run_id)  # type: ignore[attr-defined]
+            # An uncaught exception's traceback keeps every frame it passed through alive until
+            # the interpreter is torn down, with whatever they held: a SQLAlchemy connection in
+            # the middle of a transaction keeps sqlite's write lock, and the write below would
+            # wait on it. Nothing in those frames can end a run any more (see _forget).
+            _release_frames(self.outcome)
+        _bounded_flush(fluent, time_left())
+        if self.defer_to is not None:
+            # The supervisor knows the real exit status (a bare `raise SystemExit(n)` looks like
+            # a clean return from in here): hand the runs over rather than guess.
+            if self.entries:
+                self.defer_to.send_uri(self.entries[0].tracking_uri)
+                self.defer_to.send("defer", " ".join(e.run_id for e in self.entries))
+            return None
+        journal = Journal()
+        uri = self.entries[0].tracking_uri if self.entries else None
+        client = MlflowClient(tracking_uri=uri)
+        confirmed = True
+        with mlflow_runs.bounded_http(time_left()):
+            for entry in self.entries:
+                result = mlflow_runs.apply(client, entry, journal=journal, write_ahead=False)
+                confirmed &= result in (mlflow_runs.ENDED, mlflow_runs.ALREADY_ENDED)
+            me = Owner.current()
+            known = [e.run_id for e in self.entries]
+            for run_id in _created_outside_fluent(client, me, handled=known):
+                result = mlflow_runs.terminate(
+                    client, run_id, self.outcome, ended_by="process", journal=journal
+                )
+                confirmed &= result in (mlflow_runs.ENDED, mlflow_runs.ALREADY_ENDED)
+        return None if confirmed else PENDING
+
+
+def _dying_of_signal() -> bool:
+    """Whether this finalization was started by a signal that will end the process (the
+    ender thread, lifeguard.signals), rather than by an exit that goes on through atexit."""
+    from lifeguard import api
+
+    lifecycle = api.current()
+    return lifecycle is not None and lifecycle.hooks.signals.ending
+
+
+def _main_thread_stack(fluent: object) -> list[object] | None:
+    import threading
+
+    stacks: dict[int, list[object]] = fluent._active_run_stack.get_all_thread_values()  # type: ignore[attr-defined]
+    return stacks.get(threading.main_thread().ident or -1)
+
+
+def _release_frames(outcome: Outcome) -> None:
+    """Clear the locals of the frames an uncaught exception's traceback holds (the frames are
+    finished: only their locals go), so that what they held is released now."""
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [
+        getattr(sys, "last_exc", None) or getattr(sys, "last_value", None),
+        outcome.exception,
+    ]
+    while pending:
+        exc = pending.pop()
+        if exc is None or id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        tb = exc.__traceback__
+        while tb is not None:
+            try:
+                tb.tb_frame.clear()
+            except RuntimeError:  # a frame still executing (ours, or the main thread's)
+                pass
+            tb = tb.tb_next
+        pending += [exc.__cause__, exc.__context__]
+
+
+def _bounded_flush(fluent: object, budget: float | None) -> None:
+    """Metrics queued by ``log_metric(..., synchronous=False)`` must land before the run ends,
+    but not at the price of the status: the flush gets a third of the time left, and what it
+    could not send in that time is counted in the log."""
+    import threading
+
+    store = _store(fluent)
+    queue = getattr(store, "_async_logging_queue", None)
+    if queue is None or getattr(queue, "is_idle", lambda: True)():
+        return
+    done = threading.Event()
+
+    def flush() -> None:
+        try:
+            fluent.flush_async_logging()  # type: ignore[attr-defined]
+        except Exception as exc:  # noqa: BLE001 - a failed flush must not stop the status write
+            logger().warning("lifeguard: flushing MLflow async logging failed: %s", exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=flush, name="lifeguard-mlflow-flush", daemon=True).start()
+    if done.wait(None if budget is None else budget / 3):
+        return
+    left = _queued(queue)
+    logger().warning(
+        "lifeguard: MLflow's async logging did not flush in time; %s not sent, ending the "
+        "runs without them",
+        f"{left} queued metric, param and tag values" if left is not None else "some values",
+    )
+
+
+def _store(fluent: object) -> object:
+    try:
+        return fluent._get_store()  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _queued(queue: object) -> int | None:
+    """How many values wait in MLflow's async logging queue (its private queue of RunBatch)."""
+    inner = getattr(queue, "_queue", None)
+    try:
+        batches = list(inner.queue)  # type: ignore[union-attr]
+    except Exception:  # noqa: BLE001 - MLflow's internals moved: say "some"
+        return None
+    total = 0
+    for batch in batches:
+        for field in ("metrics", "params", "tags"):
+            total += len(getattr(batch, field, None) or ())
+    return total
 
 
 def _created_outside_fluent(client: MlflowClient, me: Owner, handled: list[str]) -> list[str]:
@@ -141,11 +283,13 @@ def active_runs(fluent: object) -> list[tuple[list[object], object]]:
 
 
 def owned_active_runs(fluent: object) -> list[str]:
-    """Ids of the active runs this process started (the heartbeat's runs)."""
-    from lifeguard.owner import Owner
+    """Ids of the active runs this process would end (the heartbeat's runs)."""
+    from lifeguard import api
 
-    me = Owner.current()
-    return [run.info.run_id for _, run in active_runs(fluent) if _started_here(run, me)]  # type: ignore[attr-defined]
+    lifecycle = api.current()
+    finalizer = getattr(lifecycle, "mlflow_finalizer", None) if lifecycle is not None else None
+    skip = frozenset() if finalizer is None else finalizer.inherited | finalizer.attached
+    return [run.info.run_id for _, run in active_runs(fluent) if run.info.run_id not in skip]  # type: ignore[attr-defined]
 
 
 def _supervisor_for(outcome: Outcome) -> Channel | None:
@@ -159,22 +303,6 @@ def _supervisor_for(outcome: Outcome) -> Channel | None:
     lifecycle = api.current()
     channel = lifecycle.channel if lifecycle is not None else None
     return channel if channel is not None and channel.role == SUPERVISOR else None
-
-
-def _started_here(run: object, me: Owner) -> bool:
-    """Whether this process started ``run`` (rather than attaching to it via MLFLOW_RUN_ID or
-    ``start_run(run_id=...)``)."""
-    from lifeguard.owner import Owner
-
-    owner = Owner.from_tags(dict(run.data.tags))  # type: ignore[attr-defined]
-    if owner is not None:
-        return owner.same_process(me)
-    # Started before install() or without the context-provider entry point: a run created
-    # after this process started is its own; a resumed one keeps its older start time. The
-    # computed process start time is never later than the true one (boot time is read in whole
-    # seconds, rounded down), so this never disowns a run this process created.
-    start_ms: int = run.info.start_time or 0  # type: ignore[attr-defined]
-    return start_ms >= int(me.start_time * 1000)
 
 
 def _forget(fluent: object, stack: list[object], run: object, run_id: str) -> None:

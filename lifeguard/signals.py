@@ -1,0 +1,379 @@
+"""How a signal becomes a status: one path, from delivery to death.
+
+1. ``install()`` gives each hooked signal a Python-level handler (so that CPython's C-level
+   handler catches it) and points the wakeup fd at a pipe that one *listener* thread reads.
+2. At delivery, CPython's C handler writes the signal's number into that pipe, whatever the main
+   thread is doing: running Python, stuck in a C call, or interrupted in the middle of a store
+   write while holding sqlite's lock, an import lock or stdout's lock.
+3. The listener, not the main thread, decides. For a signal lifeguard took over (its previous
+   action was the default one, and lifeguard's handler is still the installed one) it starts the
+   *ender* thread. The main thread is never frozen at the instant of delivery: it runs on,
+   finishes the write it was in and releases its locks. It is parked the next time it calls
+   into a tracking library, so it cannot log to a run that is being ended or open a new one.
+4. The ender runs the finalizers (the lifecycle, bounded by the deadline; every run's status is
+   journaled before anything slow), then ends the process by the same signal's default action.
+5. A repeat of the same signal within ``REPEAT_WINDOW`` is the same stop (Slurm sends two
+   SIGTERMs a few ms apart); a later repeat, or another signal, means "now": the listener ends
+   the process at once, and the statuses land afterwards from the journal or the watchdog.
+
+The Python-level handler, run by the main thread when it gets to it, only makes sure the ender
+has started (the wakeup fd may have been taken by another library, e.g. asyncio) and parks.
+Signals whose previous handler was a Python callable (the program's own, Ray's,
+``default_int_handler``) are the main thread's business: that handler is called there, as it
+would have been without lifeguard (see ``_chain``). An ignored signal is not hooked at all.
+"""
+
+from __future__ import annotations
+
+import _thread
+import os
+import sys
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import signal as _signal
+    from collections.abc import Callable
+    from types import FrameType
+
+    from lifeguard.lifecycle import Lifecycle
+
+    Handler = Callable[[int, FrameType | None], object] | int | None
+else:
+    # The C module, not `signal`: that one pulls in enum and functools, ~4 ms, twice install()'s
+    # whole budget in a fresh interpreter. Same API.
+    import _signal
+
+__all__ = ["REPEAT_WINDOW", "SignalWatch", "die_by_signal", "die_from_any_thread"]
+
+# Two deliveries of the same signal closer than this are one stop, not an escalation. slurmd
+# sends each srun task two SIGTERMs 3-9 ms apart on a time limit or a preemption; a person's
+# second Ctrl-C, or a launcher escalating, comes much later than this.
+REPEAT_WINDOW = 0.5
+
+# Modules whose functions the main thread must not enter while its runs are being ended: the
+# trackers lifeguard ends. Calling one then would log to a run already KILLED (an error and a
+# traceback the program never printed) or start a new run that nobody ends.
+_TRACKERS = ("mlflow", "wandb", "swanlab", "trackio", "tensorboardX", "torch.utils.tensorboard")
+
+
+def die_by_signal(signum: int) -> None:
+    """From the main thread: end the process by ``signum``'s default action."""
+    try:
+        if signum != _signal.SIGKILL:  # SIGKILL's disposition is always the default
+            _signal.signal(signum, _signal.SIG_DFL)
+            _signal.pthread_sigmask(_signal.SIG_UNBLOCK, {signum})
+        _signal.raise_signal(signum)
+    finally:
+        # Only reached if the default action did not end the process (it always does for the
+        # signals lifeguard accepts); exit with the shell's code rather than return into code
+        # that believes it is dead.
+        os._exit(128 + signum)
+
+
+def die_from_any_thread(signum: int) -> None:
+    """End the process by ``signum``'s default action from any thread. ``signal.signal()`` is
+    refused outside the main thread, so the disposition is reset through libc itself."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+        libc.signal.restype = ctypes.c_void_p
+        libc.signal(signum, None)  # SIG_DFL is the null handler
+        # To the process, not this thread (which blocks every signal): the kernel picks a
+        # thread that does not, and the default action ends them all.
+        os.kill(os.getpid(), signum)
+        # A fatal signal sent to the process starts its group exit before kill() returns; this
+        # wait is never reached in practice, and only keeps os._exit from racing the delivery.
+        time.sleep(1.0)
+    finally:
+        os._exit(128 + signum)
+
+
+def is_main_thread() -> bool:
+    threading = sys.modules.get("threading")
+    # Until something imports threading, no thread but the main one can run Python code.
+    return threading is None or threading.current_thread() is threading.main_thread()
+
+
+def _thread_name() -> str:
+    import threading
+
+    return threading.current_thread().name
+
+
+def _is_tracker(module: object) -> bool:
+    if not isinstance(module, str):
+        return False
+    return any(module == name or module.startswith(name + ".") for name in _TRACKERS)
+
+
+class SignalWatch:
+    """The signal side of one lifecycle: handlers, the listener thread and the ender."""
+
+    def __init__(self, lifecycle: Lifecycle) -> None:
+        self._lifecycle = lifecycle
+        self.saved: dict[int, Handler] = {}
+        # Signals whose previous action was the default: lifeguard ends the process for these.
+        self.takeover: frozenset[int] = frozenset()
+        # The first signal taken over and when it came; None until one comes.
+        self.first: tuple[int, float] | None = None
+        self._first_lock = _thread.allocate_lock()
+        # The signal whose chained handler runs now: a sys.exit() from inside it (Ray's SIGTERM
+        # handler calls sys.exit(1)) is that signal's doing, not a plain exit.
+        self.in_handler_for: int | None = None
+        self._read_fd = -1
+        self._write_fd = -1
+        self._previous_fd = -1
+        self._parked = False
+        # Set once the ender thread is started: the process is on its way to die of a signal.
+        self.ending = False
+
+    # -- install / uninstall -------------------------------------------------------------------
+
+    def install(self, signals: tuple[int, ...]) -> None:
+        """Main thread only: Python allows signal handlers to be set nowhere else."""
+        for signum in signals:
+            previous = _unwrap(signum, _signal.getsignal(signum))
+            if previous == _signal.SIG_IGN or previous is None:
+                # SIG_IGN: the program (or nohup) chose to ignore it; it must stay ignored.
+                # None: a handler set from C that Python cannot call, so it cannot be chained;
+                # replacing it would lose it.
+                continue
+            try:
+                _signal.signal(signum, self.handler)
+            except ValueError:  # "signal only works in main thread of the main interpreter"
+                self.restore()
+                raise RuntimeError(
+                    "lifeguard.install() hooks signals, which Python allows only in the main "
+                    f"thread, but it was called from thread {_thread_name()!r}. Call it at "
+                    "program start, or pass signals=() to hook only atexit, excepthook and "
+                    "sys.exit."
+                ) from None
+            self.saved[signum] = previous
+        self.takeover = frozenset(s for s, p in self.saved.items() if p == _signal.SIG_DFL)
+        if self.takeover:
+            self._start_listener()
+
+    def restore(self) -> None:
+        """Put back the previous handlers where lifeguard's is still the one in place: a handler
+        the program installed after lifeguard's is the program's, and stays."""
+        for signum, previous in self.saved.items():
+            if _signal.getsignal(signum) == self.handler:
+                _signal.signal(signum, previous)
+        self.saved.clear()
+        self._stop_listener()
+
+    def _start_listener(self) -> None:
+        self._read_fd, self._write_fd = os.pipe()
+        os.set_blocking(self._write_fd, False)  # the C handler must never block
+        self._previous_fd = _signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
+        _thread.start_new_thread(self._listen, ())
+
+    def _stop_listener(self) -> None:
+        if self._write_fd == -1:
+            return
+        try:
+            if _signal.set_wakeup_fd(self._previous_fd) != self._write_fd:
+                _signal.set_wakeup_fd(_signal.set_wakeup_fd(-1))  # someone else's: keep it
+        except ValueError:  # not the main thread: leave the wakeup fd as it is
+            return
+        os.close(self._write_fd)  # EOF ends the listener
+        self._write_fd = -1
+
+    def after_fork_in_child(self) -> None:
+        """The pipe is shared with the parent, whose listener did not survive the fork: give the
+        child back the wakeup fd it had before lifeguard."""
+        try:
+            _signal.set_wakeup_fd(self._previous_fd)
+        except ValueError:
+            pass
+
+    # -- the listener thread -------------------------------------------------------------------
+
+    def _listen(self) -> None:
+        # Signals are the main thread's to take: delivered here instead, a main thread blocked
+        # in a system call would never be interrupted to run its handler.
+        _signal.pthread_sigmask(_signal.SIG_BLOCK, _signal.valid_signals())
+        while True:
+            try:
+                data = os.read(self._read_fd, 512)
+            except OSError:
+                return
+            if not data:
+                os.close(self._read_fd)
+                return
+            if self._previous_fd != -1:
+                try:
+                    os.write(self._previous_fd, data)  # asyncio's self-pipe, say
+                except OSError:
+                    pass  # a full or closed self-pipe: its owner has that problem without us
+            now = time.time()
+            for signum in data:
+                if signum in self.takeover and _signal.getsignal(signum) == self.handler:
+                    self.notice(signum, now, escalate=True)
+
+    # -- one signal, noticed -------------------------------------------------------------------
+
+    def notice(self, signum: int, at: float, *, escalate: bool) -> None:
+        """A taken-over signal was delivered. Only the listener, which sees every delivery, may
+        ``escalate``: the main thread's handler may run late for the very same delivery."""
+        lifecycle = self._lifecycle
+        if not lifecycle.owns_process():
+            return
+        with self._first_lock:
+            first = self.first
+            if first is None:
+                self.first = (signum, at)
+        if first is None:
+            if lifecycle.is_installed():
+                self.ending = True
+                _thread.start_new_thread(self._end, (signum, at))
+            elif lifecycle.is_finalizing() and _for_a_signal(lifecycle):
+                # Finalizing for a signal taken the main thread's way (Ctrl-C's
+                # KeyboardInterrupt): another signal means now.
+                _die(signum)
+            else:
+                # Finalizing an exit or a crash (torchrun's SIGTERM to the ranks left after one
+                # failed): those finalizers finish first, then the process dies of the signal,
+                # as it would have without lifeguard. Already done: die now.
+                lifecycle.die_after_finalizing(signum)
+            return
+        if escalate and (signum != first[0] or at - first[1] > REPEAT_WINDOW):
+            # A second signal: the sender means it. Every run's status is in the journal
+            # already, or with the watchdog, which was not told "done".
+            from lifeguard._log import logger
+
+            logger().warning(
+                "lifeguard: a second signal (%d) while finalizing; exiting now, the statuses "
+                "not written yet stay in the journal",
+                signum,
+            )
+            _die(signum)
+
+    def _end(self, signum: int, at: float) -> None:
+        """The ender thread: finalize, then die of the signal."""
+        from lifeguard.outcome import Outcome
+
+        # Started from the main thread's handler, this thread inherited its signal mask: signals
+        # are the main thread's (and the listener's wakeup fd's) to take.
+        _signal.pthread_sigmask(_signal.SIG_BLOCK, _signal.valid_signals())
+        # The main thread runs on; it must not make the finalizers wait for the GIL the whole
+        # 5 ms switch interval each time they hand it over for I/O.
+        sys.setswitchinterval(0.0005)
+        try:
+            self._lifecycle.finalize(Outcome.signalled(signum, at=at))
+        finally:
+            die_from_any_thread(signum)
+
+    # -- the Python-level handler (main thread) ------------------------------------------------
+
+    def handler(self, signum: int, frame: FrameType | None) -> None:
+        previous = self.saved.get(signum, _signal.SIG_DFL)
+        lifecycle = self._lifecycle
+        if not lifecycle.owns_process():
+            # A forked child that inherited the handler but not the lifecycle: act as the
+            # previous disposition would.
+            if callable(previous):
+                previous(signum, frame)
+                return
+            die_by_signal(signum)
+        if signum in self.takeover:
+            if lifecycle.is_done():
+                die_by_signal(signum)  # finish() already ran: the default action, as before
+            self.notice(signum, time.time(), escalate=False)
+            if self.ending:
+                self._park_at_next_tracker_call()
+            return
+        self._chain(signum, previous, frame)
+
+    def _chain(self, signum: int, previous: Handler, frame: FrameType | None) -> None:
+        """A handler that was there before lifeguard: the program (or Ray, or Python's own
+        ``default_int_handler``) decides what the signal means, in the main thread, as it would
+        have without lifeguard."""
+        lifecycle = self._lifecycle
+        active = lifecycle.is_installed()
+        if not callable(previous):  # SIG_DFL without a listener: cannot happen; be the default
+            die_by_signal(signum)
+            return
+        if lifecycle.is_finalizing():
+            if _for_a_signal(lifecycle):
+                die_by_signal(signum)  # a second signal while finalizing for one: now
+            # The first signal while finalizing an exit or a crash: those finalizers finish,
+            # then the process dies of it.
+            lifecycle.die_after_finalizing(signum)
+            return
+        if active:
+            lifecycle.note_signal(signum)
+        outer, self.in_handler_for = self.in_handler_for, signum
+        try:
+            previous(signum, frame)
+        except SystemExit:
+            # The handler ends the process (Ray's raises SystemExit(1); a user's may call
+            # sys.exit). Finalize now: Ray's worker then exits without running atexit.
+            if active:
+                from lifeguard.outcome import Outcome
+
+                lifecycle.finalize(Outcome.signalled(signum))
+            raise
+        except BaseException:
+            # KeyboardInterrupt and the like unwind through the program, whose own
+            # `except KeyboardInterrupt:` cleanup (a last checkpoint) comes first; atexit
+            # finalizes, ahead of MLflow's own hook.
+            if active:
+                lifecycle.hooks.move_atexit_to_front()
+            raise
+        finally:
+            self.in_handler_for = outer
+        if active:
+            lifecycle.forget_signal(signum)  # it returned: the program lives on
+
+    # -- parking the main thread ---------------------------------------------------------------
+
+    def _park_at_next_tracker_call(self) -> None:
+        """From here on, the main thread stops at its next call into a tracking library until
+        the ender has ended the process. It is not stopped here and now: the code the signal
+        interrupted may hold the very locks the finalizers need."""
+        if self._parked:
+            return
+        self._parked = True
+        chained = sys.getprofile()
+        wait = self._lifecycle.wait_finalized
+        timeout = self._lifecycle.options.deadline + 5.0
+
+        def profile(frame: FrameType, event: str, arg: object) -> object:
+            if event == "call" and _is_tracker(frame.f_globals.get("__name__")):
+                caller = frame.f_back
+                if (
+                    caller is not None
+                    and not _is_tracker(caller.f_globals.get("__name__"))
+                    and not caller.f_code.co_filename.startswith("<frozen")  # mid-import
+                ):
+                    sys.setprofile(chained)
+                    wait(timeout)
+            if chained is not None:
+                return chained(frame, event, arg)  # type: ignore[arg-type]
+            return None
+
+        sys.setprofile(profile)
+
+
+def _for_a_signal(lifecycle: Lifecycle) -> bool:
+    return lifecycle.outcome is not None and lifecycle.outcome.signum is not None
+
+
+def _die(signum: int) -> None:
+    if is_main_thread():
+        die_by_signal(signum)
+    die_from_any_thread(signum)
+
+
+def _unwrap(signum: int, handler: Handler) -> Handler:
+    """A handler inherited from a forked parent's lifeguard stands for what it replaced: a
+    child's own install() must chain to that, not to the parent's lifecycle."""
+    while True:
+        watch = getattr(handler, "__self__", None)
+        if not isinstance(watch, SignalWatch) or watch._lifecycle.owns_process():
+            return handler
+        handler = watch.saved.get(signum, _signal.SIG_DFL)
