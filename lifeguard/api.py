@@ -28,8 +28,8 @@ _fork_hook_registered = False
 _faulthandler_ours = False
 # channel.ENV, spelled out so that install() need not import the channel module to check it.
 GUARDIAN_ENV = "LIFEGUARD_GUARDIAN"
-# The background replay of journaled statuses started by install(), if there was anything.
-replay_thread: object | None = None
+# The pid of the journal replayer install() started, if the journal had anything.
+replay_pid: int | None = None
 # In a forked child: the runs that were on MLflow's active-run stacks when it was forked. They
 # are the parent's, though this process's stacks still hold them.
 _inherited_runs: frozenset[str] = frozenset()
@@ -136,31 +136,53 @@ def _connect_guardian(lifecycle: Lifecycle) -> None:
 
 
 def _replay_journal_in_background() -> None:
-    """Statuses an earlier process on this machine could not write (server down) are written
-    now, in a daemon thread: install() never waits on the network."""
-    global replay_thread
+    """Statuses an earlier process on this machine could not write (server down, a second
+    signal) are written now, by a detached process of their own: never in this one, where
+    importing mlflow from a thread could deadlock with the program's own ``import mlflow``, and
+    bounding MLflow's HTTP calls would change the environment the program's own calls see."""
+    global replay_pid
     from lifeguard.guardian.journal import Journal
 
-    journal = Journal()
-    if not journal.has_entries():  # one directory listing: the common case costs ~10 us
+    if not Journal().has_entries():  # one directory listing: the common case costs ~10 us
         return
-    import threading
+    import os
 
-    def replay() -> None:
-        try:
-            from lifeguard.backends.mlflow_runs import replay_journal
-        except ImportError:
-            return  # no mlflow here; `lifeguard sweep` elsewhere will do it
-        try:
-            replay_journal(journal, budget=10.0)
-        except Exception as exc:  # noqa: BLE001 - never disturb the program over the journal
-            from lifeguard._log import logger
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_parent, env.get("PYTHONPATH")]))
+    env.pop(GUARDIAN_ENV, None)  # the replayer speaks for nobody
+    read_fd, write_fd = os.pipe()
+    try:
+        # sh starts the replayer in the background, prints its pid and exits at once: the
+        # replayer is nobody's child here, so the program never meets it in os.wait().
+        shell = os.posix_spawn(
+            "/bin/sh",
+            [
+                "sh",
+                "-c",
+                '"$0" -m lifeguard.guardian.replay </dev/null >/dev/null 2>&1 & echo $!',
+                sys.executable,
+            ],
+            env,
+            file_actions=[
+                (os.POSIX_SPAWN_DUP2, write_fd, 1),
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+            ],
+            setsid=True,
+        )
+        os.close(write_fd)
+        write_fd = -1
+        text = os.read(read_fd, 64)
+        os.waitpid(shell, 0)
+        replay_pid = int(text.strip() or 0) or None
+    except (OSError, ValueError) as exc:
+        from lifeguard._log import logger
 
-            logger().warning("lifeguard: journal replay failed: %s", exc)
-
-    thread = threading.Thread(target=replay, name="lifeguard-journal-replay", daemon=True)
-    thread.start()
-    replay_thread = thread
+        logger().debug("lifeguard: could not start the journal replay: %s", exc)
+    finally:
+        os.close(read_fd)
+        if write_fd != -1:
+            os.close(write_fd)
 
 
 def uninstall() -> None:

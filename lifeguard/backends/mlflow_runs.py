@@ -94,7 +94,9 @@ def terminate(
     ALREADY_ENDED or JOURNALED (the server could not be reached; the entry stays on disk)."""
     tags = {**outcome.tags(), TAG_ENDED_BY: ended_by}
     entry = Entry(run_id, client.tracking_uri, outcome.status.value, _ms(outcome.time), tags)
-    return apply(client, entry, journal=journal, write_ahead=is_remote(client.tracking_uri))
+    # Journaled ahead for every kind of store: a sqlite write can wait on another writer's lock
+    # (20 s busy timeout) as surely as a network call can hang.
+    return apply(client, entry, journal=journal, write_ahead=True)
 
 
 def apply(client: MlflowClient, entry: Entry, *, journal: Journal | None, write_ahead: bool) -> str:
@@ -136,13 +138,6 @@ def _journal(journal: Journal, entry: Entry) -> None:
         logger().error("lifeguard: cannot journal run %s: %s", entry.run_id, exc)
 
 
-def is_remote(uri: str) -> bool:
-    """A store reached over a network, where a call can hang: worth journaling ahead. A local
-    sqlite file or directory answers at once or fails at once."""
-    scheme = uri.partition("://")[0] if "://" in uri else ""
-    return scheme not in ("", "file", "sqlite")
-
-
 def replay_journal(
     journal: Journal, *, tracking_uri: str | None = None, budget: float | None = 30.0
 ) -> dict[str, int]:
@@ -154,6 +149,11 @@ def replay_journal(
     with bounded_http(budget):
         for entry in journal.entries():
             if tracking_uri is not None and entry.tracking_uri != redact_uri(tracking_uri):
+                continue
+            if _writer_alive(entry):
+                # Journaled ahead by a process still finalizing: its own finalizers may still
+                # log to the run. It writes the entry itself, or its guardian or a later replay.
+                counts[JOURNALED] += 1
                 continue
             uri = tracking_uri or entry.tracking_uri
             if uri in dead:
@@ -167,6 +167,20 @@ def replay_journal(
     if counts[ENDED] or counts[ALREADY_ENDED]:
         logger().info("lifeguard: journal replay: %s", counts)
     return counts
+
+
+def _writer_alive(entry: Entry) -> bool:
+    """Whether the process that journaled ``entry`` still runs (a reused pid reads as alive:
+    the entry then waits for a later replay, never the other way round)."""
+    if entry.pid is None or entry.pid == os.getpid():
+        return False
+    try:
+        os.kill(entry.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def all_experiment_ids(client: MlflowClient) -> list[str]:

@@ -55,7 +55,7 @@ def redact_uri(uri: str) -> str:
 class Entry:
     """One run's pending final status."""
 
-    __slots__ = ("run_id", "tracking_uri", "status", "end_time", "tags", "path")
+    __slots__ = ("run_id", "tracking_uri", "status", "end_time", "tags", "path", "pid")
 
     def __init__(
         self,
@@ -65,6 +65,7 @@ class Entry:
         end_time: int,
         tags: dict[str, str],
         path: str | None = None,
+        pid: int | None = None,
     ) -> None:
         self.run_id = run_id
         self.tracking_uri = tracking_uri
@@ -72,6 +73,9 @@ class Entry:
         self.end_time = end_time
         self.tags = tags
         self.path = path
+        # The process whose ending this is: a guardian looks for the entries of the one it
+        # watched. Written as the journaling process's own pid unless set.
+        self.pid = pid
 
     def to_json(self) -> str:
         import json  # lazily: json pulls in re, and install() only lists the directory
@@ -85,7 +89,7 @@ class Entry:
                 "end_time": self.end_time,
                 "tags": self.tags,
                 "journaled_at": int(time.time() * 1000),
-                "pid": os.getpid(),
+                "pid": self.pid if self.pid is not None else os.getpid(),
             },
             sort_keys=True,
         )
@@ -108,7 +112,10 @@ class Entry:
             raise ValueError("field 'end_time' is missing or not an integer")
         if data["status"] not in ("FINISHED", "FAILED", "KILLED"):
             raise ValueError(f"status {data['status']!r} is not a terminal status")
-        return cls(data["run_id"], data["tracking_uri"], data["status"], end_time, tags, path)
+        pid = data.get("pid")
+        if not isinstance(pid, int) or isinstance(pid, bool):
+            pid = None
+        return cls(data["run_id"], data["tracking_uri"], data["status"], end_time, tags, path, pid)
 
     def __repr__(self) -> str:
         return f"Entry({self.run_id}, {self.status}, end_time={self.end_time})"

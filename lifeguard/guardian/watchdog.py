@@ -201,10 +201,18 @@ def finalize_leftovers(
 
     results: dict[str, str] = {}
     journal = Journal()
+    journaled = list(journal.entries())
     with mlflow_runs.bounded_http(deadline):
         for pid in evidence.pending():
             outcome = outcomes[pid]
             client = MlflowClient(tracking_uri=evidence.uris[pid])
+            # What the process journaled before it died is the truth it knew (the signal and
+            # its time, the exit code): written as it is. The rest get what the evidence says.
+            for entry in journaled:
+                if entry.pid == pid:
+                    results[entry.run_id] = mlflow_runs.apply(
+                        client, entry, journal=journal, write_ahead=False
+                    )
             if pid in evidence.deferred:
                 run_ids = evidence.deferred[pid]
             else:
@@ -224,6 +232,8 @@ def finalize_leftovers(
                     )
                     continue
             for run_id in run_ids:
+                if run_id in results:
+                    continue
                 results[run_id] = mlflow_runs.terminate(
                     client,
                     run_id,

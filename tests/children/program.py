@@ -116,8 +116,16 @@ if args.order != "none" and not lifeguard_preinstalled():
 if args.wait_replay:
     from lifeguard import api as _api
 
-    assert _api.replay_thread is not None, "install() found no journal to replay"
-    _api.replay_thread.join(120)  # type: ignore[attr-defined]
+    assert _api.replay_pid is not None, "install() found no journal to replay"
+    import select
+
+    # The replayer is detached (nobody's child): a pidfd says when it is gone.
+    try:
+        _pidfd = os.pidfd_open(_api.replay_pid)
+    except ProcessLookupError:
+        pass
+    else:
+        select.select([_pidfd], [], [], 120)
 
 import mlflow  # noqa: E402  (the "after" order: imported only now)
 from mlflow.tracking import MlflowClient  # noqa: E402

@@ -1,0 +1,29 @@
+"""Replay the journal in a process of its own (started detached by ``install()``).
+
+``python -m lifeguard.guardian.replay``: writes every pending status whose store answers, and
+exits. Its output goes nowhere: the program that started it must not see it.
+"""
+
+from __future__ import annotations
+
+import sys
+
+__all__ = ["main"]
+
+# Seconds for the whole replay: a dead server is given up on for this round.
+BUDGET = 30.0
+
+
+def main() -> int:
+    try:
+        from lifeguard.backends.mlflow_runs import replay_journal
+    except ImportError:
+        return 0  # no mlflow here; `lifeguard sweep` elsewhere will do it
+    from lifeguard.guardian.journal import Journal
+
+    counts = replay_journal(Journal(), budget=BUDGET)
+    return 0 if not counts.get("journaled") and not counts.get("failed") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
