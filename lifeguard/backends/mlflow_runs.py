@@ -111,7 +111,7 @@ def apply(client: MlflowClient, entry: Entry, *, journal: Journal | None, write_
             result = ALREADY_ENDED
         else:
             client.log_batch(entry.run_id, tags=[RunTag(k, v) for k, v in entry.tags.items()])
-            client.set_terminated(entry.run_id, entry.status, end_time=entry.end_time)
+            _set_terminated(client, entry)
             result = ENDED
     except Exception as exc:  # noqa: BLE001 - any failure to reach the store means: keep it
         if journal is not None and entry.path is None:
@@ -129,6 +129,25 @@ def apply(client: MlflowClient, entry: Entry, *, journal: Journal | None, write_
     if journal is not None and entry.path is not None:
         journal.remove(entry)
     return result
+
+
+def _set_terminated(client: MlflowClient, entry: Entry) -> None:
+    """``client.set_terminated`` without its two side trips: it first shuts MLflow's async
+    logging down, waiting for the whole queue however long that takes (the finalizer gives that
+    flush a bounded share of its own), and prints a "View run" link to stdout, whose lock the
+    interrupted main thread may hold. The store's own update is the write that matters."""
+    from mlflow.entities import RunStatus
+
+    store = getattr(getattr(client, "_tracking_client", None), "store", None)
+    if store is None:  # MLflow's internals moved: the public call, side trips and all
+        client.set_terminated(entry.run_id, entry.status, end_time=entry.end_time)
+        return
+    store.update_run_info(
+        entry.run_id,
+        run_status=RunStatus.from_string(entry.status),
+        end_time=entry.end_time,
+        run_name=None,
+    )
 
 
 def _journal(journal: Journal, entry: Entry) -> None:

@@ -1,0 +1,254 @@
+"""A signal at any instant: in the middle of a store write, with a program handler of its own,
+twice in a row. The status always lands, and finalization never waits on the program's locks.
+
+Each child is a real process on a real sqlite store. The signal is sent *from inside* the write
+(a SQLAlchemy event fires between MLflow's INSERT and its COMMIT, while sqlite's write lock is
+held), so no timing luck is needed to hit the window.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from lifeguard.demo import ChildResult, run_child
+from tests.conftest import CHILD_TIMEOUT, Store, child_env
+
+pytestmark = pytest.mark.slow
+
+# The child's preamble: install, a run, one metric, the ready line.
+PREAMBLE = """
+import json, os, signal, sys, threading, time
+import lifeguard
+lifeguard.install(**json.loads(os.environ.get("TEST_INSTALL", "{}")))
+import mlflow, sqlalchemy
+from lifeguard import demo
+run = mlflow.start_run()
+mlflow.log_metric("loss", 1.0)
+"""
+
+# Sends `SIG` to the process itself from inside MLflow's INSERT INTO metrics: sqlite's write lock
+# is held from there to the COMMIT.
+MID_WRITE = """
+engine = mlflow.tracking._tracking_service.utils._get_store().engine
+fired = []
+@sqlalchemy.event.listens_for(engine, "after_cursor_execute")
+def _(conn, cursor, statement, *rest):
+    if statement.lstrip().upper().startswith("INSERT INTO METRICS") and not fired:
+        fired.append(1)
+        os.write(1, b"SIGNAL %.6f\\n" % time.time())
+        os.kill(os.getpid(), SIG)
+"""
+
+
+def program(body: str, *, sig: int | None = None) -> list[str]:
+    code = PREAMBLE + (MID_WRITE.replace("SIG)", f"{int(sig)})") if sig else "") + body
+    return [sys.executable, "-c", textwrap.dedent(code)]
+
+
+def run(
+    cmd: list[str], store: Store, install: dict[str, object] | None = None, **kwargs: object
+) -> ChildResult:
+    env = child_env(store, TEST_INSTALL=json.dumps(install or {}))
+    return run_child(cmd, env=env, timeout=CHILD_TIMEOUT, **kwargs)  # type: ignore[arg-type]
+
+
+def signalled_at(result: ChildResult) -> float:
+    line = next(line for line in result.stdout.splitlines() if line.startswith("SIGNAL "))
+    return float(line.split()[1])
+
+
+def journal_files(store: Store) -> list[Path]:
+    journal = store.path.parent / "journal"
+    return sorted(journal.glob("*.json")) if journal.exists() else []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.parametrize("watchdog", [False, True], ids=["in-process", "watchdog"])
+def test_signal_in_the_middle_of_a_store_write(store: Store, sig: int, watchdog: bool) -> None:
+    """The issue's reproduction: before, the finalizer waited on sqlite's lock, held by the
+    frozen main thread, for the whole deadline, and the run stayed RUNNING with no journal."""
+    result = run(
+        program(
+            """
+demo.announce(run_ids=[run.info.run_id])
+while True:
+    mlflow.log_metric("loss", 0.5)
+""",
+            sig=sig,
+        ),
+        store,
+        # A deadline far below sqlite's 20 s busy timeout: a finalizer that waited on the lock
+        # would be cut off, and the run left RUNNING.
+        install={"deadline": 5.0, "watchdog": watchdog},
+    )
+    assert result.returncode == -sig, result.stderr
+    [run_id] = result.ready["run_ids"]  # type: ignore[misc]
+    info = store.run(run_id).info
+    assert info.status == "KILLED", result.stderr
+    # The signal's time (read by lifeguard a moment after it was sent), not the write's.
+    assert signalled_at(result) * 1000 - 1 <= info.end_time <= signalled_at(result) * 1000 + 500
+    assert store.run(run_id).data.tags["lifeguard.signal"] == signal.Signals(sig).name
+    assert journal_files(store) == []
+    assert "Traceback" not in result.stderr, result.stderr
+
+
+def test_sigint_in_the_middle_of_a_multi_metric_write(store: Store) -> None:
+    """Ctrl-C's KeyboardInterrupt unwinds through the write; its traceback kept the SQLAlchemy
+    connection, and with it sqlite's lock, alive until after the exit hooks (31 s before)."""
+    result = run(
+        program(
+            """
+demo.announce(run_ids=[run.info.run_id])
+while True:
+    mlflow.log_metrics({f"m{i}": float(i) for i in range(50)})
+""",
+            sig=signal.SIGINT,
+        ),
+        store,
+        install={"deadline": 5.0},
+    )
+    assert result.returncode == -signal.SIGINT, result.stderr
+    [run_id] = result.ready["run_ids"]  # type: ignore[misc]
+    assert store.status(run_id) == "KILLED"
+    assert journal_files(store) == []
+    # The traceback is the program's own: no frame of lifeguard's at its tip.
+    assert "KeyboardInterrupt" in result.stderr
+    assert "lifeguard" not in result.stderr, result.stderr
+
+
+def test_a_second_signal_exits_at_once_and_the_status_lands_later(store: Store) -> None:
+    """A finalizer of the program's own blocks; the second SIGTERM, a second later, ends the
+    process at once. The MLflow finalizer never got to run, but the run's status and the first
+    signal's time were journaled before any finalizer ran: the sweep writes them."""
+    result = run(
+        program(
+            """
+def block(outcome):
+    time.sleep(1.0)  # the person at the keyboard loses patience a second in
+    os.write(1, b"FINALIZING\\n")
+    threading.Event().wait()
+lifeguard.register(block)
+demo.announce(run_ids=[run.info.run_id])
+while True:
+    mlflow.log_metric("loss", 0.5)
+"""
+        ),
+        store,
+        install={"deadline": 600.0},
+        send=(signal.SIGTERM,),
+        on_line={"FINALIZING": signal.SIGTERM},
+    )
+    sent_second = time.time()
+    assert result.returncode == -signal.SIGTERM, result.stderr
+    assert "FINALIZING" in result.stdout
+    [run_id] = result.ready["run_ids"]  # type: ignore[misc]
+    assert store.status(run_id) == "RUNNING"
+    assert len(journal_files(store)) == 1
+    sweep = subprocess.run(
+        [sys.executable, "-m", "lifeguard", "sweep", "--tracking-uri", store.uri],
+        env=child_env(store),
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT,
+    )
+    assert sweep.returncode == 0, sweep.stdout + sweep.stderr
+    info = store.run(run_id).info
+    assert info.status == "KILLED"
+    assert info.end_time <= sent_second * 1000  # the first signal's time, not the sweep's
+    assert journal_files(store) == []
+
+
+def test_two_sigterms_of_one_stop_do_not_cut_finalization_short(store: Store) -> None:
+    """slurmd sends each srun task two SIGTERMs 3-9 ms apart on a time limit: one stop. The
+    finalizers (a slow one of the program's, then MLflow's) all run; the process dies of
+    SIGTERM."""
+    result = run(
+        program(
+            """
+def slow(outcome):
+    os.write(1, b"FINALIZING\\n")
+    time.sleep(1.0)
+    os.write(1, b"SLOW DONE\\n")
+lifeguard.register(slow)
+demo.announce(run_ids=[run.info.run_id])
+while True:
+    mlflow.log_metric("loss", 0.5)
+"""
+        ),
+        store,
+        send=(signal.SIGTERM, signal.SIGTERM),
+    )
+    assert result.returncode == -signal.SIGTERM, result.stderr
+    assert "SLOW DONE" in result.stdout
+    [run_id] = result.ready["run_ids"]  # type: ignore[misc]
+    assert store.status(run_id) == "KILLED"
+    assert journal_files(store) == []
+
+
+def test_async_metrics_get_a_bounded_share(store: Store) -> None:
+    """1,000 metrics queued with synchronous=False behind a store that takes 60 s for a batch:
+    an unbounded flush would eat the whole deadline and leave the run RUNNING. The flush gets
+    its share; the run ends KILLED; the log counts what was not sent."""
+    result = run(
+        program(
+            """
+import mlflow.utils.async_logging.async_logging_queue as q
+original = q.AsyncLoggingQueue._log_run_data
+def slow_store(self):
+    time.sleep(60)  # part of the program under test: a store that takes its time
+    return original(self)
+q.AsyncLoggingQueue._log_run_data = slow_store
+for step in range(1000):
+    mlflow.log_metric("async_loss", 1.0 / (step + 1), step=step, synchronous=False)
+demo.announce(run_ids=[run.info.run_id])
+threading.Event().wait()
+"""
+        ),
+        store,
+        install={"deadline": 3.0},
+        send=(signal.SIGTERM,),
+    )
+    assert result.returncode == -signal.SIGTERM, result.stderr
+    [run_id] = result.ready["run_ids"]  # type: ignore[misc]
+    assert store.status(run_id) == "KILLED", result.stderr
+    assert "did not flush in time; 1000 queued metric" in result.stderr, result.stderr
+
+
+def test_a_handler_installed_after_install_stands(store: Store) -> None:
+    """The graceful-shutdown pattern: the program's own SIGTERM handler, set after install(),
+    sets a flag; the loop finishes its step, saves a checkpoint for a while, and exits 0. Before,
+    lifeguard's stuck-main-thread helper killed it 0.8 s later. Same output with and without
+    lifeguard, and the run FINISHED."""
+    body = """
+stop = []
+signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
+demo.announce(run_ids=[run.info.run_id])
+while not stop:
+    mlflow.log_metric("loss", 0.5)
+print("saving checkpoint", flush=True)
+deadline = time.monotonic() + 3.0
+while time.monotonic() < deadline:
+    time.sleep(0.05)
+print("saved", flush=True)
+mlflow.end_run()
+"""
+    results = []
+    for guarded in (True, False):
+        cmd = program(body)
+        if not guarded:
+            cmd[-1] = cmd[-1].replace("lifeguard.install(", "dict(")
+        results.append(run(cmd, store, send=(signal.SIGTERM,)))
+    for result in results:
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.splitlines()[-2:] == ["saving checkpoint", "saved"]
+        [run_id] = result.ready["run_ids"]  # type: ignore[misc]
+        assert store.status(run_id) == "FINISHED"
+    assert results[0].stderr == results[1].stderr
