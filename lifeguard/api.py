@@ -73,6 +73,12 @@ def install(**options: object) -> None:
         _replay_journal_in_background()
         if not _builtin_handles:
             _register_builtins(parsed, lifecycle)
+        if parsed.mlflow and parsed.heartbeat > 0 and "mlflow.tracking.fluent" in sys.modules:
+            # mlflow already loaded: a program that only resumes a run (no new run, so no
+            # context-provider call) still needs the heartbeat that adopts it.
+            from lifeguard.backends.mlflow_heartbeat import start_for
+
+            start_for(parsed.heartbeat)
 
 
 def _register_builtins(options: Options, lifecycle: Lifecycle) -> None:

@@ -45,9 +45,9 @@ class MlflowFinalizer:
         fluent = sys.modules.get("mlflow.tracking.fluent")
         if fluent is None:
             return
-        from lifeguard.backends import mlflow_context
+        from lifeguard.backends import mlflow_heartbeat
 
-        mlflow_context.heartbeat.stop()  # no beat may land after the final status
+        mlflow_heartbeat.heartbeat.stop()  # no beat may land after the final status
         self._plan = Plan.make(fluent, outcome, self)
 
     def __call__(self, outcome: Outcome) -> object:
@@ -58,9 +58,9 @@ class MlflowFinalizer:
             return None
         plan, self._plan = self._plan, None
         if plan is None:  # prepare() failed, or the registry was bypassed
-            from lifeguard.backends import mlflow_context
+            from lifeguard.backends import mlflow_heartbeat
 
-            mlflow_context.heartbeat.stop()
+            mlflow_heartbeat.heartbeat.stop()
             plan = Plan.make(fluent, outcome, self)
         return plan.carry_out()
 

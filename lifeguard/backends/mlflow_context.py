@@ -18,7 +18,7 @@ import sys
 from mlflow.tracking.context.abstract_context import RunContextProvider
 
 from lifeguard import api
-from lifeguard.backends.mlflow_heartbeat import TAG_HEARTBEAT, Heartbeat, now_ms
+from lifeguard.backends.mlflow_heartbeat import TAG_HEARTBEAT, now_ms, start_for
 from lifeguard.owner import Owner
 
 TYPE_CHECKING = False
@@ -29,8 +29,6 @@ if TYPE_CHECKING:
 __all__ = ["OwnerRunContext"]
 
 _owner: Owner | None = None
-# Started at the first start_run of an installed process; stopped by the MLflow finalizer.
-heartbeat = Heartbeat(0.0)
 # The pid that resolved context tags outside mlflow.start_run (Lightning's MLFlowLogger does,
 # then calls MlflowClient.create_run): such runs are on no active-run stack, so the finalizer
 # and the heartbeat find them by their owner tags. None: every run came from start_run.
@@ -97,9 +95,19 @@ class OwnerRunContext(RunContextProvider):
                 lifecycle.channel.send_uri(mlflow.get_tracking_uri())
         if _owner is None or _owner.pid != os.getpid():  # a forked child is a new owner
             _owner = Owner.current()
-        if lifecycle is not None and lifecycle.options.heartbeat > 0:
-            heartbeat.interval = lifecycle.options.heartbeat
-            heartbeat.ensure_started()
+        if lifecycle is not None:
+            start_for(lifecycle.options.heartbeat)
         _preload_exit_path()
         # The first beat rides along with the run's creation: free.
         return {**_owner.tags(), TAG_HEARTBEAT: str(now_ms())}
+
+
+def _start_heartbeat_if_installed() -> None:
+    """MLflow loads this module (its run-context-provider entry point) while ``import mlflow``
+    runs: the moment a program that installed lifeguard first can have runs, new or resumed."""
+    lifecycle = api.current()
+    if lifecycle is not None and lifecycle.is_installed() and lifecycle.options.mlflow:
+        start_for(lifecycle.options.heartbeat)
+
+
+_start_heartbeat_if_installed()

@@ -9,6 +9,12 @@ logged once and simply tried again next interval. It stops when the process fina
 Default interval: 60 s. At one small request per run per minute the server hardly notices even
 thousands of runs, and the default ``--stale-after`` of 15 minutes leaves room for 14 missed
 beats (a server restart, a network blip) before a run is judged lost.
+
+Ownership moves on resume: a run this process resumed (``start_run(run_id=...)``) still carries
+the owner tags of the process that created it, which a sweep would find dead. The thread looks at
+the active-run stacks every second (memory only) and, when such a run appears, writes this
+process's owner tags onto it at once, with a beat. It is started by ``install()``, not at the
+first new run, so that a program that only resumes is covered too.
 """
 
 from __future__ import annotations
@@ -20,10 +26,12 @@ import time
 
 from lifeguard._log import logger
 
-__all__ = ["DEFAULT_INTERVAL", "TAG_HEARTBEAT", "Heartbeat", "now_ms"]
+__all__ = ["DEFAULT_INTERVAL", "TAG_HEARTBEAT", "Heartbeat", "heartbeat", "now_ms", "start_for"]
 
 TAG_HEARTBEAT = "lifeguard.heartbeat"
 DEFAULT_INTERVAL = 60.0
+# How often the thread looks for resumed runs to adopt (in memory: a few dict lookups).
+ADOPT_EVERY = 1.0
 
 
 def now_ms() -> int:
@@ -37,6 +45,8 @@ class Heartbeat:
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
         self._failing = False
+        # Runs whose owner tags this process has written (resumed runs it adopted).
+        self._adopted: set[str] = set()
 
     def ensure_started(self) -> None:
         if self.interval <= 0 or self._stop.is_set():
@@ -53,8 +63,41 @@ class Heartbeat:
         self._stop.set()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.beat()
+        next_beat = time.monotonic() + self.interval
+        while not self._stop.wait(min(ADOPT_EVERY, self.interval)):
+            if time.monotonic() >= next_beat:
+                next_beat = time.monotonic() + self.interval
+                self.beat()
+            elif self._resumed_runs():
+                self.beat()
+
+    def _resumed_runs(self) -> list[object]:
+        """Active runs this process would end whose owner tags name another process. Memory
+        only; and nothing at all until a run is on a stack, which also means mlflow is fully
+        imported (this thread must never import it while the program does)."""
+        fluent = sys.modules.get("mlflow.tracking.fluent")
+        if fluent is None:
+            return []
+        from lifeguard.backends.mlflow import active_runs, owned_active_runs
+        from lifeguard.owner import Owner
+
+        try:
+            entries = active_runs(fluent)
+            if not entries:
+                return []
+            mine = set(owned_active_runs(fluent))
+        except Exception:  # noqa: BLE001 - MLflow's internals moved: adopt nothing
+            return []
+        me = Owner.current()
+        resumed = []
+        for _, run in entries:
+            run_id = run.info.run_id  # type: ignore[attr-defined]
+            if run_id not in mine or run_id in self._adopted:
+                continue
+            owner = Owner.from_tags(dict(run.data.tags))  # type: ignore[attr-defined]
+            if owner is None or not owner.same_process(me):
+                resumed.append(run)
+        return resumed
 
     def beat(self) -> int:
         """Refresh the heartbeat of every run this process owns. Returns how many."""
@@ -70,6 +113,16 @@ class Heartbeat:
         beaten = 0
         try:
             client = MlflowClient()
+            resumed = self._resumed_runs()
+            if resumed:
+                from mlflow.entities import RunTag
+
+                owner_tags = [RunTag(k, v) for k, v in Owner.current().tags().items()]
+                for run in resumed:
+                    run_id = run.info.run_id  # type: ignore[attr-defined]
+                    client.log_batch(run_id, tags=owner_tags)
+                    self._adopted.add(run_id)
+                    logger().debug("lifeguard: adopted resumed run %s", run_id)
             stamp = str(now_ms())
             run_ids = owned_active_runs(fluent)
             # Runs on no active-run stack (Lightning's MLFlowLogger): one search per beat,
@@ -89,3 +142,14 @@ class Heartbeat:
                 logger().info("lifeguard: heartbeat recovered")
             self._failing = False
         return beaten
+
+
+# The process's heartbeat: started when lifeguard is installed and mlflow loaded (whichever comes
+# last), stopped by the MLflow finalizer.
+heartbeat = Heartbeat(0.0)
+
+
+def start_for(interval: float) -> None:
+    if interval > 0:
+        heartbeat.interval = interval
+        heartbeat.ensure_started()
