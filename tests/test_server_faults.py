@@ -128,3 +128,46 @@ def test_killed_server_then_back(scenario: Scenario, store: Store, tmp_path: Pat
         first.stop()
         if second is not None:
             second.stop()
+
+
+def test_two_hundred_runs_in_twenty_threads_all_end_killed(
+    server: MlflowServer, store: Store, tmp_path: Path
+) -> None:
+    """200 runs open in 20 threads against a real server, then SIGTERM: every run ends KILLED.
+    Before, the runs not reached before the deadline had no journal entry and stayed RUNNING;
+    now each is journaled before the first write, so one the deadline cut off lands at the first
+    replay."""
+    code = """
+import os, threading
+import lifeguard
+lifeguard.install()
+import mlflow
+from lifeguard import demo
+ids, lock, ready = [], threading.Lock(), threading.Barrier(21)
+def worker():
+    for _ in range(10):
+        run = mlflow.start_run(nested=bool(mlflow.active_run()))
+        with lock:
+            ids.append(run.info.run_id)
+    ready.wait()
+    threading.Event().wait()
+for _ in range(20):
+    threading.Thread(target=worker, daemon=True).start()
+ready.wait()
+demo.announce(run_ids=ids)
+threading.Event().wait()
+"""
+    from lifeguard.demo import run_child
+
+    env = child_env(store, MLFLOW_TRACKING_URI=server.uri)
+    result = run_child([sys.executable, "-c", code], env=env, send=(signal.SIGTERM,), timeout=300)
+    assert result.returncode == -signal.SIGTERM, result.stderr
+    run_ids = result.ready["run_ids"]
+    assert isinstance(run_ids, list) and len(run_ids) == 200
+    client = MlflowClient(tracking_uri=server.uri)
+    statuses = {run_id: client.get_run(run_id).info.status for run_id in run_ids}
+    if "RUNNING" in statuses.values():
+        replay = sweep(server.uri, journal_dir(store))  # the first replay
+        assert replay.returncode == 0, replay.stdout + replay.stderr
+        statuses = {run_id: client.get_run(run_id).info.status for run_id in run_ids}
+    assert set(statuses.values()) == {"KILLED"}
