@@ -25,6 +25,16 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _deadline(text: str) -> float:
+    """The same range as install(deadline=...): the value goes to the program's install()."""
+    from lifeguard.options import parse_seconds
+
+    try:
+        return parse_seconds(text, "--deadline")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _duration(text: str) -> float:
     from lifeguard.sweep import parse_duration
 
@@ -56,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="run CMD as a supervised child: exact exit status, runs always ended",
         description="Run CMD under supervision. Use -- before CMD if it has options.",
     )
-    run.add_argument("--deadline", type=_seconds, help="seconds for finalization (default: 10)")
+    run.add_argument("--deadline", type=_deadline, help="seconds for finalization (default: 10)")
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
 
     sweep = commands.add_parser(
