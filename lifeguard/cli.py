@@ -48,7 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lifeguard",
         description="Every experiment-tracking run ends with the truth.",
-        epilog="python -m lifeguard SCRIPT.py [ARGS] runs a script under supervision.",
+        epilog=(
+            "python -m lifeguard SCRIPT.py [ARGS], python -m lifeguard -m MODULE [ARGS] and "
+            "python -m lifeguard -c CODE [ARGS] run the program as python would, supervised "
+            "(the same as lifeguard run -- python ...)."
+        ),
     )
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -64,10 +68,34 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser(
         "run",
         help="run CMD as a supervised child: exact exit status, runs always ended",
-        description="Run CMD under supervision. Use -- before CMD if it has options.",
+        description=(
+            "Run CMD under supervision: lifeguard is installed in the program at start (no "
+            "edit needed; a Python program, through sitecustomize), and the supervisor ends "
+            "whatever runs the program could not end itself (SIGKILL, os._exit, a segfault, a "
+            "bare raise SystemExit) with the exact exit status. The program gets every fd "
+            "and environment variable the supervisor was given (plus lifeguard's own "
+            "LIFEGUARD_AUTOINSTALL, LIFEGUARD_GUARDIAN and a PYTHONPATH entry), and its own "
+            "process group. "
+            "Signals: SIGINT, SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 sent to the supervisor "
+            "are forwarded to the program, once; on a terminal, the program is made the "
+            "foreground job, so Ctrl-C reaches it directly. The program gets SIGTERM when the "
+            "supervisor dies (even by SIGKILL): it never lives on as an orphan. As PID 1 (a "
+            "container's entrypoint), the supervisor reaps orphaned processes. "
+            "Exit: the supervisor exits with the program's exit status, or dies of the same "
+            "signal the program died of (as PID 1, which no signal of its own can end, it "
+            "exits 128+N). 127 if CMD cannot be started."
+        ),
     )
-    run.add_argument("--deadline", type=_deadline, help="seconds for finalization (default: 10)")
-    run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
+    run.add_argument(
+        "--deadline", type=_deadline, help="seconds for finalization, at most 3600 (default: 10)"
+    )
+    run.add_argument(
+        "cmd",
+        nargs=argparse.REMAINDER,
+        metavar="-- CMD [ARGS...]",
+        help="the program and its arguments, as you would run it without lifeguard; put -- "
+        "before it when it has options of its own",
+    )
 
     sweep = commands.add_parser(
         "sweep",
@@ -119,6 +147,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list and args_list[0] not in COMMANDS and not args_list[0].startswith("-"):
         return _run_script(args_list)
+    if args_list and args_list[0][:2] in ("-c", "-m"):
+        # `python -m lifeguard -m torch.distributed.run ...` / `-c CODE`: the interpreter
+        # itself runs them, so argv, __main__, __spec__, sys.path[0] and even the error for a
+        # missing argument are python's own.
+        return _supervise([sys.executable, *args_list], None)
     parser = build_parser()
     args = parser.parse_args(args_list)
     if args.version:
@@ -177,6 +210,13 @@ def _sweep(args: argparse.Namespace) -> int:
         return 2
     if args.include_untagged and args.older_than is None:
         sys.stderr.write("lifeguard sweep: --include-untagged needs --older-than DURATION\n")
+        return 2
+    if args.older_than is not None and not args.include_untagged:
+        # Silently ignored before: a user who meant "end runs older than 7d" ended nothing.
+        sys.stderr.write(
+            "lifeguard sweep: --older-than applies only to runs without lifeguard tags: "
+            "add --include-untagged (tagged runs go by --stale-after)\n"
+        )
         return 2
     if args.workers < 1:
         sys.stderr.write("lifeguard sweep: --workers must be at least 1\n")
