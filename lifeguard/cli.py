@@ -191,6 +191,16 @@ def _run_script(argv: list[str]) -> int:
 
 def _supervise(cmd: list[str], deadline: float | None) -> int:
     from lifeguard.guardian.supervisor import SupervisorError, supervise
+    from lifeguard.options import Options
+
+    try:
+        # The program's install() reads the same LIFEGUARD_* variables; in the program a bad
+        # one could only be reported and the program left unguarded (autoboot never keeps it
+        # from starting), so it is refused here, before anything starts.
+        Options.from_kwargs({})
+    except (TypeError, ValueError) as exc:
+        sys.stderr.write(f"lifeguard run: {exc}\n")
+        return 2
 
     try:
         return supervise(cmd, deadline=deadline)

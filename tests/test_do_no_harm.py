@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -219,6 +220,22 @@ def test_run_deadline_uses_the_same_range() -> None:
     )
     assert result.returncode == 2
     assert "at most 3600" in result.stderr
+
+
+@pytest.mark.parametrize("var", ["LIFEGUARD_DEADLINE", "LIFEGUARD_HEARTBEAT"])
+def test_run_refuses_a_bad_variable_before_starting(store: Store, tmp_path: Path, var: str) -> None:
+    """Under `lifeguard run` the program's install() would only report it and run unguarded."""
+    marker = tmp_path / "started"
+    result = subprocess.run(
+        [sys.executable, "-m", "lifeguard", "run", "--", "touch", str(marker)],
+        env=child_env(store, **{var: "1e12"}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"lifeguard run: environment variable {var} must be")
+    assert not marker.exists()
 
 
 # -- 4. signals by number, as the README says ------------------------------------------------
