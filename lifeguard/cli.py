@@ -8,31 +8,26 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from lifeguard.backends.mlflow_sweep import SweepReport
 
 COMMANDS = ("demo", "run", "sweep")
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds: {text!r}")
-    return value
+def _seconds_option(option: str) -> Callable[[str], float]:
+    """An argparse type for seconds, with install()'s range: more than 0, at most an hour.
+    The value becomes a timer or a socket timeout, which overflow far below 1e12."""
 
+    def parse(text: str) -> float:
+        from lifeguard.options import parse_seconds
 
-def _deadline(text: str) -> float:
-    """The same range as install(deadline=...): the value goes to the program's install()."""
-    from lifeguard.options import parse_seconds
+        try:
+            return parse_seconds(text, option)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
 
-    try:
-        return parse_seconds(text, "--deadline")
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    return parse
 
 
 def _duration(text: str) -> float:
@@ -87,7 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     run.add_argument(
-        "--deadline", type=_deadline, help="seconds for finalization, at most 3600 (default: 10)"
+        "--deadline",
+        type=_seconds_option("--deadline"),
+        help="seconds for finalization, at most 3600 (default: 10)",
     )
     run.add_argument(
         "cmd",
@@ -137,7 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--workers", type=int, default=8, help="runs ended at once (default: %(default)s)"
     )
     sweep.add_argument(
-        "--timeout", type=_seconds, default=30.0, help="per-request timeout (default: 30)"
+        "--timeout",
+        type=_seconds_option("--timeout"),
+        default=30.0,
+        help="per-request timeout in seconds, at most 3600 (default: 30)",
     )
     sweep.add_argument("--journal-dir", help="journal directory (default: the user's cache)")
     return parser

@@ -211,15 +211,26 @@ def test_huge_deadline_fails_at_install_not_at_exit(store: Store) -> None:
     assert "at most 3600" in result.stderr
 
 
-def test_run_deadline_uses_the_same_range() -> None:
+@pytest.mark.parametrize(
+    ("option", "argv"),
+    [
+        ("--deadline", ["run", "--deadline", "1e12", "--", "true"]),
+        # MLflow's HTTP timeout: 1e12 overflows the socket timeout.
+        ("--timeout", ["sweep", "--tracking-uri", "sqlite:///{tmp}/x.db", "--timeout", "1e12"]),
+    ],
+)
+def test_command_line_seconds_use_the_same_range(
+    tmp_path: Path, option: str, argv: list[str]
+) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "lifeguard", "run", "--deadline", "1e12", "--", "true"],
+        [sys.executable, "-m", "lifeguard", *(a.replace("{tmp}", str(tmp_path)) for a in argv)],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert result.returncode == 2
-    assert "at most 3600" in result.stderr
+    assert f"{option} must be a number of seconds greater than 0 and at most 3600" in result.stderr
+    assert not (tmp_path / "x.db").exists()
 
 
 @pytest.mark.parametrize("var", ["LIFEGUARD_DEADLINE", "LIFEGUARD_HEARTBEAT"])
