@@ -1,4 +1,5 @@
-"""The `lifeguard` command (demo, run, sweep) and `python -m lifeguard script.py`."""
+"""The `lifeguard` command (demo, run, sweep) and `python -m lifeguard script.py` (or `-m MODULE`,
+`-c CODE`)."""
 
 from __future__ import annotations
 
