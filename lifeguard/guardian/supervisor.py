@@ -12,6 +12,11 @@ SIGUSR2 sent to the supervisor are forwarded to the child (once: a signal sent t
 supervisor's group does not also reach the child directly). When the supervisor owns the
 terminal, the terminal is handed to the child, so Ctrl-C reaches the child as it would without
 lifeguard.
+
+Do no harm: the child sees what it would under plain python. It inherits every fd the
+supervisor was given (the channel sits at a high fd, out of the way); it gets SIGTERM if the
+supervisor dies first, so it never lives on unsupervised; and as PID 1 of a PID namespace the
+supervisor reaps the orphans that are reparented to it, as tini does.
 """
 
 from __future__ import annotations
