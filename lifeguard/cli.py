@@ -1,4 +1,5 @@
-"""The `lifeguard` command (demo, run, sweep) and `python -m lifeguard script.py`."""
+"""The `lifeguard` command (demo, run, sweep) and `python -m lifeguard script.py` (or `-m MODULE`,
+`-c CODE`)."""
 
 from __future__ import annotations
 
@@ -8,21 +9,26 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from lifeguard.backends.mlflow_sweep import SweepReport
 
 COMMANDS = ("demo", "run", "sweep")
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds: {text!r}")
-    return value
+def _seconds_option(option: str) -> Callable[[str], float]:
+    """An argparse type for seconds, with install()'s range: more than 0, at most an hour.
+    The value becomes a timer or a socket timeout, which overflow far below 1e12."""
+
+    def parse(text: str) -> float:
+        from lifeguard.options import parse_seconds
+
+        try:
+            return parse_seconds(text, option)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
 
 
 def _duration(text: str) -> float:
@@ -38,7 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lifeguard",
         description="Every experiment-tracking run ends with the truth.",
-        epilog="python -m lifeguard SCRIPT.py [ARGS] runs a script under supervision.",
+        epilog=(
+            "python -m lifeguard SCRIPT.py [ARGS], python -m lifeguard -m MODULE [ARGS] and "
+            "python -m lifeguard -c CODE [ARGS] run the program as python would, supervised "
+            "(the same as lifeguard run -- python ...)."
+        ),
     )
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -54,10 +64,36 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser(
         "run",
         help="run CMD as a supervised child: exact exit status, runs always ended",
-        description="Run CMD under supervision. Use -- before CMD if it has options.",
+        description=(
+            "Run CMD under supervision: lifeguard is installed in the program at start (no "
+            "edit needed; a Python program, through sitecustomize), and the supervisor ends "
+            "whatever runs the program could not end itself (SIGKILL, os._exit, a segfault, a "
+            "bare raise SystemExit) with the exact exit status. The program gets every fd "
+            "and environment variable the supervisor was given (plus lifeguard's own "
+            "LIFEGUARD_AUTOINSTALL, LIFEGUARD_GUARDIAN and a PYTHONPATH entry), and its own "
+            "process group. "
+            "Signals: SIGINT, SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 sent to the supervisor "
+            "are forwarded to the program, once; on a terminal, the program is made the "
+            "foreground job, so Ctrl-C reaches it directly. The program gets SIGTERM when the "
+            "supervisor dies (even by SIGKILL): it never lives on as an orphan. As PID 1 (a "
+            "container's entrypoint), the supervisor reaps orphaned processes. "
+            "Exit: the supervisor exits with the program's exit status, or dies of the same "
+            "signal the program died of (as PID 1, which no signal of its own can end, it "
+            "exits 128+N). 127 if CMD cannot be started."
+        ),
     )
-    run.add_argument("--deadline", type=_seconds, help="seconds for finalization (default: 10)")
-    run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
+    run.add_argument(
+        "--deadline",
+        type=_seconds_option("--deadline"),
+        help="seconds for finalization, at most 3600 (default: 10)",
+    )
+    run.add_argument(
+        "cmd",
+        nargs=argparse.REMAINDER,
+        metavar="-- CMD [ARGS...]",
+        help="the program and its arguments, as you would run it without lifeguard; put -- "
+        "before it when it has options of its own",
+    )
 
     sweep = commands.add_parser(
         "sweep",
@@ -99,7 +135,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--workers", type=int, default=8, help="runs ended at once (default: %(default)s)"
     )
     sweep.add_argument(
-        "--timeout", type=_seconds, default=30.0, help="per-request timeout (default: 30)"
+        "--timeout",
+        type=_seconds_option("--timeout"),
+        default=30.0,
+        help="per-request timeout in seconds, at most 3600 (default: 30)",
     )
     sweep.add_argument("--journal-dir", help="journal directory (default: the user's cache)")
     return parser
@@ -109,6 +148,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list and args_list[0] not in COMMANDS and not args_list[0].startswith("-"):
         return _run_script(args_list)
+    if args_list and args_list[0][:2] in ("-c", "-m"):
+        # `python -m lifeguard -m torch.distributed.run ...` / `-c CODE`: the interpreter
+        # itself runs them, so argv, __main__, __spec__, sys.path[0] and even the error for a
+        # missing argument are python's own.
+        return _supervise([sys.executable, *args_list], None)
     parser = build_parser()
     args = parser.parse_args(args_list)
     if args.version:
@@ -148,6 +192,16 @@ def _run_script(argv: list[str]) -> int:
 
 def _supervise(cmd: list[str], deadline: float | None) -> int:
     from lifeguard.guardian.supervisor import SupervisorError, supervise
+    from lifeguard.options import Options
+
+    try:
+        # The program's install() reads the same LIFEGUARD_* variables; in the program a bad
+        # one could only be reported and the program left unguarded (autoboot never keeps it
+        # from starting), so it is refused here, before anything starts.
+        Options.from_kwargs({})
+    except (TypeError, ValueError) as exc:
+        sys.stderr.write(f"lifeguard run: {exc}\n")
+        return 2
 
     try:
         return supervise(cmd, deadline=deadline)
@@ -167,6 +221,13 @@ def _sweep(args: argparse.Namespace) -> int:
         return 2
     if args.include_untagged and args.older_than is None:
         sys.stderr.write("lifeguard sweep: --include-untagged needs --older-than DURATION\n")
+        return 2
+    if args.older_than is not None and not args.include_untagged:
+        # Silently ignored before: a user who meant "end runs older than 7d" ended nothing.
+        sys.stderr.write(
+            "lifeguard sweep: --older-than applies only to runs without lifeguard tags: "
+            "add --include-untagged (tagged runs go by --stale-after)\n"
+        )
         return 2
     if args.workers < 1:
         sys.stderr.write("lifeguard sweep: --workers must be at least 1\n")

@@ -23,8 +23,10 @@ __all__ = [
     "DEFAULT_DEADLINE",
     "DEFAULT_SIGNALS",
     "DEFAULT_TRACKERS",
+    "MAX_SECONDS",
     "TRACKERS",
     "Options",
+    "parse_seconds",
     "parse_signals",
 ]
 
@@ -48,7 +50,15 @@ _UNHOOKABLE = frozenset({"SIGKILL", "SIGSTOP", "SIGSEGV", "SIGBUS", "SIGFPE", "S
 _NOT_FATAL = frozenset(
     {"SIGCHLD", "SIGCLD", "SIGCONT", "SIGURG", "SIGWINCH", "SIGTSTP", "SIGTTIN", "SIGTTOU"}
 )
-_INF = float("inf")
+_NAN = float("nan")
+
+# The largest number of seconds any option takes: an hour. The deadline must fit a grace period
+# (Kubernetes and Slurm give 30 s) and a heartbeat must beat well inside the sweep's
+# --stale-after (15 min), so an hour is already far past any useful value; and every such value
+# ends up as a timer (a thread join, an Event.wait), which rejects anything above threading's
+# TIMEOUT_MAX (~292 years on Linux) with an OverflowError. Refused at install(), that is a
+# clear error; accepted, it raised in the exit path and changed how the program ended.
+MAX_SECONDS = 3600.0
 
 
 # Seconds between heartbeats (see backends/mlflow_heartbeat.py for why 60).
@@ -151,20 +161,22 @@ def parse_signals(value: object, origin: str = "signals") -> tuple[int, ...]:
 def _one_signal(item: object, origin: str) -> int:
     if isinstance(item, bool):
         raise TypeError(f"{origin}: {item!r} is not a signal")
+    if isinstance(item, str) and item.strip().isdigit():
+        item = int(item.strip())  # "15", as LIFEGUARD_SIGNALS=15 or signals="15" give it
     if isinstance(item, int):  # signal.Signals members are ints too
         signum = int(item)
         if signum not in _signal.valid_signals():
-            raise ValueError(f"{origin}: {item} is not a signal number on this platform")
+            raise ValueError(f"{origin}: {item} is not a signal number here; {_accepted()}")
     elif isinstance(item, str):
         name = item.strip().upper()
         if not name.startswith("SIG"):
             name = "SIG" + name
         value = getattr(_signal, name, None)
         if not isinstance(value, int) or name.startswith(("SIG_", "SIGRTM")):
-            raise ValueError(f"{origin}: unknown signal {item!r}")
+            raise ValueError(f"{origin}: unknown signal {item!r}; {_accepted()}")
         signum = value
     else:
-        raise TypeError(f"{origin}: {item!r} is not a signal name or number")
+        raise TypeError(f"{origin}: {item!r} is not a signal name or number; {_accepted()}")
     name = _signal_name(signum)
     if name in _UNHOOKABLE:
         raise ValueError(
@@ -176,6 +188,22 @@ def _one_signal(item: object, origin: str) -> int:
     return signum
 
 
+def _accepted() -> str:
+    """What the error messages offer instead: every signal that can be hooked, by name and
+    number (the real-time signals, which have no fixed name, by number)."""
+    named = []
+    for signum in sorted(_signal.valid_signals()):
+        name = _signal_name(signum)
+        if name.startswith("SIG") and name not in _UNHOOKABLE and name not in _NOT_FATAL:
+            named.append(f"{name} ({signum})")
+    realtime = [s for s in _signal.valid_signals() if _signal_name(s).startswith("signal ")]
+    extra = f", or a real-time signal {min(realtime)}-{max(realtime)}" if realtime else ""
+    return (
+        "accepted are names or numbers (SIGTERM, TERM, term or 15), comma-separated, of the "
+        "signals that end a process: " + ", ".join(named) + extra
+    )
+
+
 def _signal_name(signum: int) -> str:
     # Aliases (SIGCLD/SIGCHLD, SIGIOT/SIGABRT) sort after the usual name.
     for name in sorted(dir(_signal)):
@@ -185,16 +213,28 @@ def _signal_name(signum: int) -> str:
     return f"signal {signum}"
 
 
-def _parse_seconds(value: object, origin: str, *, zero: bool = False) -> float:
+def seconds_range(zero: bool) -> str:
+    """The accepted range, in the words the error messages use."""
+    low = "from 0 (off)" if zero else "greater than 0 and"
+    return f"{low} {'to' if zero else 'at most'} {MAX_SECONDS:g}"
+
+
+def parse_seconds(value: object, origin: str, *, zero: bool = False) -> float:
+    """A number of seconds in the documented range, else a ValueError naming ``origin`` and
+    the range. Checked here so that a bad value fails at ``install()``, in the program's own
+    frame, and never later in an exit path where no error may be raised."""
     if isinstance(value, bool):
         raise TypeError(f"{origin} must be a number of seconds, not {value!r}")
     try:
         seconds = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise ValueError(f"{origin} must be a number of seconds, not {value!r}") from None
-    if seconds != seconds or seconds in (_INF, -_INF) or seconds < 0 or (seconds == 0 and not zero):
-        kind = "non-negative" if zero else "positive"
-        raise ValueError(f"{origin} must be a {kind}, finite number of seconds, not {value!r}")
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an int such as 10**400
+        seconds = _NAN
+    # nan (given, or from the cases above) fails every comparison, so it fails this one too.
+    low_ok = seconds >= 0 if zero else seconds > 0
+    if not (low_ok and seconds <= MAX_SECONDS):
+        raise ValueError(
+            f"{origin} must be a number of seconds {seconds_range(zero)}, not {value!r}"
+        )
     return seconds
 
 
@@ -239,11 +279,11 @@ def _parse_bool(value: object, origin: str) -> bool:
 # Each option's parser; its environment variable is LIFEGUARD_ + the name in capitals.
 _PARSERS: dict[str, Callable[[object, str], object]] = {
     "signals": parse_signals,
-    "deadline": _parse_seconds,
+    "deadline": parse_seconds,
     "mlflow": _parse_bool,
     "end_attached": _parse_bool,
     "watchdog": _parse_bool,
-    "blocked_grace": lambda raw, origin: _parse_seconds(raw, origin, zero=True),
-    "heartbeat": lambda raw, origin: _parse_seconds(raw, origin, zero=True),
+    "blocked_grace": lambda raw, origin: parse_seconds(raw, origin, zero=True),
+    "heartbeat": lambda raw, origin: parse_seconds(raw, origin, zero=True),
     "trackers": _parse_trackers,
 }

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import signal
+import sys
 import time
 
 __all__ = ["Outcome", "OutcomeKind", "Status", "signal_name"]
@@ -47,13 +48,37 @@ def signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
+# CPython converts an int exit code to a C long; one outside that range becomes -1 (3.10 and
+# 3.11 silently, 3.12+ after printing the OverflowError). sys.maxsize is the C long's maximum on
+# every LP64 POSIX system, the only kind the exit status below is defined for.
+_LONG_MIN, _LONG_MAX = -sys.maxsize - 1, sys.maxsize
+
+
 def exit_code_of(code: object) -> int:
-    """The exit status CPython derives from ``sys.exit(code)`` / ``SystemExit(code)``."""
+    """The exit status a process really gets from ``sys.exit(code)`` / ``SystemExit(code)``.
+
+    CPython's rules (``_Py_HandleSystemExit``), checked against the interpreter by the tests:
+    ``None`` is 0; an ``int`` (bool and int subclasses included, ``__index__`` not) is converted
+    to a C long, -1 on overflow; anything else is printed to stderr and the status is 1. The
+    kernel then keeps the low 8 bits: ``sys.exit(256)`` exits 0 and ``sys.exit(-1)`` exits 255.
+    """
     if code is None:
         return 0
-    if isinstance(code, int):  # bool included: sys.exit(True) exits 1
-        return int(code)
-    return 1  # a message is printed to stderr and the status is 1
+    if isinstance(code, int):
+        value = int.__int__(code)  # the stored value, as C reads it: no subclass __int__
+        if not _LONG_MIN <= value <= _LONG_MAX:
+            value = -1
+        return value & 0xFF
+    return 1
+
+
+def safe_str(value: object) -> str:
+    """``str(value)``, or a stand-in when its ``__str__`` raises: lifeguard only reads the text
+    for a reason tag, and must never turn the program's exit (or crash) into its own error."""
+    try:
+        return str(value)
+    except Exception:  # noqa: BLE001 - anything a user's __str__ may raise
+        return f"<unprintable {type(value).__name__} object>"
 
 
 class Outcome:
@@ -126,13 +151,18 @@ class Outcome:
 
     @classmethod
     def exited(cls, code: object = 0, *, at: float | None = None) -> Outcome:
-        message = None if code is None or isinstance(code, int) else str(code)
-        return cls(
-            OutcomeKind.EXIT,
-            exit_code=exit_code_of(code),
-            exit_message=message,
-            time=at,
-        )
+        """``sys.exit(code)``: the exit code is the status the process really exits with, so
+        ``sys.exit(256)`` is FINISHED (it exits 0) and the reason says what was asked for."""
+        status = exit_code_of(code)
+        if code is None:
+            message = None
+        elif isinstance(code, int):
+            # An int the kernel truncated: keep the program's number in the reason.
+            value = int.__int__(code)
+            message = None if value == status else f"sys.exit({value})"
+        else:
+            message = safe_str(code)[:MAX_REASON_CHARS]
+        return cls(OutcomeKind.EXIT, exit_code=status, exit_message=message, time=at)
 
     @classmethod
     def raised(cls, exc: BaseException, *, at: float | None = None) -> Outcome:
@@ -146,7 +176,7 @@ class Outcome:
             exit_code=1,
             exception=exc,
             exception_type=_qualified_name(type(exc)),
-            exception_message=str(exc)[:MAX_REASON_CHARS],
+            exception_message=safe_str(exc)[:MAX_REASON_CHARS],
             time=at,
         )
 

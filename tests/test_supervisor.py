@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shlex
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
 from lifeguard import demo
-from tests.conftest import Scenario, Store, child_env
+from tests.conftest import CHILD_TIMEOUT, Scenario, Store, child_env
 from tests.test_guardian import DEATHS, IN_PROCESS
 
 pytestmark = pytest.mark.slow
@@ -142,3 +146,207 @@ def test_missing_command_is_a_clear_error() -> None:
     )
     assert empty.returncode == 2
     assert "no command given" in empty.stderr
+
+
+# -- do no harm under `lifeguard run` (issue 12) ---------------------------------------------
+
+
+@pytest.mark.parametrize("to_group", [False, True], ids=["supervisor", "its-group"])
+def test_sigkill_of_the_supervisor_takes_the_program_along(
+    scenario: Scenario, store: Store, to_group: bool
+) -> None:
+    """`timeout -s KILL`, an OOM kill or a killpg of the supervisor: the program (in its own
+    process group, so a group kill misses it) must not live on as an orphan. It gets SIGTERM
+    (PR_SET_PDEATHSIG), so lifeguard in it ends the run KILLED and it dies of SIGTERM."""
+    killed_at: list[float] = []
+    result = scenario.run(
+        "--path",
+        "SIGTERM",
+        send=(signal.SIGKILL,),
+        launcher=RUN,
+        to_group=to_group,
+        close_stdin_after_signals=False,  # EOF on stdin would end the program by itself
+        after_ready=lambda ready: killed_at.append(time.time()),
+    )
+    pid = int(result.ready["pid"])  # type: ignore[call-overload]
+    try:
+        assert result.returncode == -signal.SIGKILL
+        assert demo.wait_gone(pid, CHILD_TIMEOUT), "the program outlived its supervisor"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    [run_id] = result.ready["run_ids"]
+    run = store.run(run_id)
+    assert run.info.status == "KILLED"
+    assert run.data.tags["lifeguard.signal"] == "SIGTERM"
+    assert run.data.tags["lifeguard.ended_by"] == "process"
+    # The end time is when the program got its SIGTERM: within a second of the SIGKILL.
+    assert run.info.end_time / 1000 - killed_at[0] < 1.0
+
+
+def fd_program(tmp_path: Path, body: str) -> tuple[str, str]:
+    """The output of ``bash -c 'exec 3<file; python -c BODY'``, plain and under lifeguard run."""
+    data = tmp_path / "given.txt"
+    data.write_text("hello from fd 3\n")
+    outputs = []
+    for launcher in ("", f"{sys.executable} -m lifeguard run -- "):
+        script = (
+            f"exec 3<{shlex.quote(str(data))}; {launcher}{sys.executable} -c {shlex.quote(body)}"
+        )
+        result = subprocess.run(
+            ["bash", "-c", script], capture_output=True, text=True, timeout=CHILD_TIMEOUT
+        )
+        assert result.returncode == 0, result.stderr
+        outputs.append(result.stdout)
+    return outputs[0], outputs[1]
+
+
+def test_inherited_fds_reach_the_program(tmp_path: Path) -> None:
+    """fd 3 of `3<file` (PMI_FD, systemd's LISTEN_FDS work the same way) is the program's."""
+    plain, guarded = fd_program(tmp_path, "import os; print(os.read(3, 15))")
+    assert plain == "b'hello from fd 3'\n"
+    assert guarded == plain
+
+
+def test_the_channel_stays_out_of_the_low_fds(tmp_path: Path) -> None:
+    """lifeguard's own pipe must not take a low fd number that the program could expect to be
+    free (fds 3 and up are where inherited fds and the program's first files go)."""
+    body = "import os; print(os.environ.get('LIFEGUARD_GUARDIAN', '0:').split(':')[0])"
+    plain, guarded = fd_program(tmp_path, body)
+    assert plain == "0\n"
+    assert int(guarded) >= 100, guarded
+
+
+REAPER_PROGRAM = textwrap.dedent(
+    """
+    import os, sys, time
+    # Orphan five grandchildren that exit at once: their parent dies first, so they are
+    # reparented to PID 1 -- the supervisor -- which must reap them, as tini does.
+    grandchildren = []
+    for _ in range(5):
+        r, w = os.pipe()
+        middle = os.fork()
+        if middle == 0:
+            if os.fork() == 0:
+                os.write(w, str(os.getpid()).encode())
+                os._exit(0)
+            os._exit(0)
+        os.close(w)
+        os.waitpid(middle, 0)
+        grandchildren.append(int(os.read(r, 32)))
+        os.read(r, 1)  # EOF: the grandchild is gone, a zombie until someone reaps it
+        os.close(r)
+
+    def state(pid):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return "reaped"
+
+    # Reaping follows SIGCHLD at once; this bounds the wait on a loaded machine.
+    end = time.monotonic() + 20
+    while any(state(p) != "reaped" for p in grandchildren) and time.monotonic() < end:
+        time.sleep(0.05)
+    print(os.getppid(), *sorted(set(state(p) for p in grandchildren)))
+    sys.exit(7)
+    """
+)
+
+
+def test_as_pid_1_the_supervisor_reaps_orphans(tmp_path: Path) -> None:
+    """A container's entrypoint is PID 1: orphans are reparented to it, and unless it reaps
+    them they stay zombies (tini and dumb-init exist for this)."""
+    probe = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True, timeout=60
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"unshare --pid is not available here: {probe.stderr.decode().strip()}")
+    result = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-m", "lifeguard",
+         "run", "--", sys.executable, "-c", REAPER_PROGRAM],
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT,
+    )  # fmt: skip
+    # The program's parent is the supervisor, PID 1; every orphan was reaped; exit status 7.
+    assert result.stdout.split() == ["1", "reaped"], result.stderr
+    assert result.returncode == 7, result.stderr
+
+
+# -- the command line as python's (issue 14) --------------------------------------------------
+
+
+def test_dash_c_runs_like_python_dash_c(tmp_path: Path) -> None:
+    code = "import sys, lifeguard; print(sys.argv, __name__, repr(sys.path[0]))"
+    plain = subprocess.run(
+        [sys.executable, "-c", code, "a", "-b"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    guarded = subprocess.run(
+        [sys.executable, "-m", "lifeguard", "-c", code + "; print(lifeguard.is_installed())",
+         "a", "-b"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=CHILD_TIMEOUT,
+    )  # fmt: skip
+    assert guarded.returncode == 0, guarded.stderr
+    assert plain.stdout == "['-c', 'a', '-b'] __main__ ''\n"
+    assert guarded.stdout == plain.stdout + "True\n"
+
+
+def test_dash_m_runs_like_python_dash_m(tmp_path: Path) -> None:
+    """`python -m lifeguard -m torch.distributed.run ...` is how a job is launched: argv[0],
+    __main__, __spec__ and sys.path[0] as with `python -m`, and the exit status passed on."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "launch.py").write_text(
+        "import sys\n"
+        "print(sys.argv, __name__, __spec__.name, sys.path[0])\n"
+        "sys.exit(int(sys.argv[-1]))\n"
+    )
+    plain = subprocess.run(
+        [sys.executable, "-m", "pkg.launch", "--nproc", "3"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    guarded = subprocess.run(
+        [sys.executable, "-m", "lifeguard", "-m", "pkg.launch", "--nproc", "3"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=CHILD_TIMEOUT,
+    )  # fmt: skip
+    assert plain.returncode == guarded.returncode == 3, guarded.stderr
+    assert plain.stdout.startswith(f"[{str(package / 'launch.py')!r}, '--nproc', '3'] __main__")
+    assert guarded.stdout == plain.stdout
+
+
+@pytest.mark.parametrize("flag", ["-c", "-m"])
+def test_dash_c_and_dash_m_need_an_argument(flag: str) -> None:
+    plain = subprocess.run([sys.executable, flag], capture_output=True, text=True, timeout=60)
+    guarded = subprocess.run(
+        [sys.executable, "-m", "lifeguard", flag], capture_output=True, text=True, timeout=60
+    )
+    assert plain.returncode == guarded.returncode == 2
+    assert f"Argument expected for the {flag} option" in guarded.stderr
+
+
+def test_sweep_older_than_alone_is_an_error(tmp_path: Path) -> None:
+    store = tmp_path / "never-created.db"
+    result = subprocess.run(
+        [sys.executable, "-m", "lifeguard", "sweep", "--tracking-uri", f"sqlite:///{store}",
+         "--older-than", "7d"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert not store.exists()  # refused before anything is opened
+    assert result.stderr.count("\n") == 1
+    assert "--older-than" in result.stderr and "--include-untagged" in result.stderr
+
+
+def test_run_help_says_what_it_does() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "lifeguard", "run", "--help"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0
+    text = " ".join(result.stdout.split())
+    for expected in ("CMD", "SIGINT, SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2", "exit status",
+                     "dies of the same signal", "SIGTERM when the supervisor dies"):  # fmt: skip
+        assert expected in text, expected

@@ -12,6 +12,11 @@ SIGUSR2 sent to the supervisor are forwarded to the child (once: a signal sent t
 supervisor's group does not also reach the child directly). When the supervisor owns the
 terminal, the terminal is handed to the child, so Ctrl-C reaches the child as it would without
 lifeguard.
+
+Do no harm: the child sees what it would under plain python. It inherits every fd the
+supervisor was given (the channel sits at a high fd, out of the way); it gets SIGTERM if the
+supervisor dies first, so it never lives on unsupervised; and as PID 1 of a PID namespace the
+supervisor reaps the orphans that are reparented to it, as tini does.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from lifeguard.outcome import Outcome
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
     from types import FrameType
 
 __all__ = ["FORWARDED", "supervise"]
@@ -63,15 +68,20 @@ def supervise(cmd: Sequence[str], *, deadline: float | None = None) -> int:
     from lifeguard.options import DEFAULT_DEADLINE
 
     read_fd, write_fd = os.pipe()
+    write_fd = _out_of_the_way(write_fd)
     channel = Channel(write_fd, SUPERVISOR)
     try:
+        # close_fds=False: every fd the supervisor was given (fd 3 of `3<file`, PMI_FD, systemd
+        # socket activation) is the program's, as under plain python. The supervisor's own fds
+        # are close-on-exec (PEP 446), except the channel's write end, made inheritable here.
+        os.set_inheritable(write_fd, True)
         proc = subprocess.Popen(
             list(cmd),
-            pass_fds=(write_fd,),
+            close_fds=False,
             env=child_environment(channel, deadline),
-            # The child leads its own process group. (preexec_fn, not 3.11's process_group,
-            # for Python 3.10; it is safe here: the supervisor has no other threads.)
-            preexec_fn=os.setpgrp,
+            # (preexec_fn, not 3.11's process_group, for Python 3.10; it is safe here: the
+            # supervisor has no other threads.)
+            preexec_fn=_child_setup(os.getpid()),
         )
     except OSError as exc:
         os.close(read_fd)
@@ -120,12 +130,121 @@ class SupervisorError(RuntimeError):
 
 def _watch_child(read_fd: int, proc: subprocess.Popen[bytes]) -> tuple[Evidence, int, float]:
     """Read the channel until the child exits, then reap it for its exact status."""
+    reaper = _OrphanReaper(proc.pid) if os.getpid() == 1 else None
     pidfd = os.pidfd_open(proc.pid)
     try:
         evidence, died_at = wait_for_exit(read_fd, pidfd)
     finally:
         os.close(pidfd)
-    return evidence, proc.wait(), died_at
+    returncode = proc.wait()
+    if reaper is not None:
+        reaper.stop()
+    return evidence, returncode, died_at
+
+
+# -- the child's setup, between fork and exec -------------------------------------------------
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+# The signal the program gets if the supervisor dies first (SIGKILL, the OOM killer, `timeout
+# -s KILL`): SIGTERM, the signal every launcher stops a job with, so lifeguard in the program
+# ends its runs KILLED and the program dies of SIGTERM, as under a launcher that forwarded it.
+PARENT_DEATH_SIGNAL = signal.SIGTERM
+
+
+def _child_setup(supervisor: int) -> Callable[[], None]:
+    """What the child does before exec: lead its own process group (so that signals reach it
+    once, through the supervisor, and the terminal can be handed to it), and die with the
+    supervisor instead of living on as an orphan that nobody supervises."""
+    prctl = _prctl()
+
+    def setup() -> None:
+        os.setpgrp()
+        if prctl is None:
+            return
+        # PR_SET_PDEATHSIG fires when the *thread* that forked us exits: the supervisor forks
+        # from its main thread, whose end is the supervisor's end.
+        prctl(_PR_SET_PDEATHSIG, int(PARENT_DEATH_SIGNAL), 0, 0, 0)
+        if os.getppid() != supervisor:
+            # The supervisor died between fork and prctl: the signal would never come.
+            os.kill(os.getpid(), PARENT_DEATH_SIGNAL)
+
+    return setup
+
+
+def _prctl() -> Callable[..., int] | None:
+    """libc's prctl, loaded before the fork: the child must not load libraries."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
+        return prctl
+    except (OSError, AttributeError):
+        return None
+
+
+def _out_of_the_way(fd: int) -> int:
+    """Move the channel's fd to a high number: the program finds fds 3, 4, ... where they
+    would be without lifeguard (free, or the ones it was given), and its first open() gets
+    the same number as under plain python."""
+    import fcntl
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    limit = 1024 if soft == resource.RLIM_INFINITY else min(int(soft), 1024)
+    floor = max(3, limit - 24)  # below the usual 1024 select() limit, near the top
+    try:
+        high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor)
+    except OSError:  # every fd up there in use, or a tiny limit: keep the low one
+        return fd
+    os.close(fd)
+    return high
+
+
+# -- as PID 1 ------------------------------------------------------------------------------------
+
+
+class _OrphanReaper:
+    """As a container's entrypoint the supervisor is PID 1 of its PID namespace, and every
+    orphan there becomes its child: unless it reaps them they stay zombies, as without tini or
+    dumb-init. On each SIGCHLD, reap every exited child except the program itself, whose
+    exact status ``proc.wait()`` must still get."""
+
+    def __init__(self, program: int) -> None:
+        self.program = program
+        self.previous = signal.signal(signal.SIGCHLD, self._on_sigchld)
+        self._reap()  # orphans that died before the handler was in place
+
+    def _on_sigchld(self, signum: int, frame: FrameType | None) -> None:
+        self._reap()
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                # Peek (WNOWAIT) so that the program is never reaped here.
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return
+            if info is None or info.si_pid == 0 or info.si_pid == self.program:
+                # Nothing exited; or the program did, and it is first in the kernel's list:
+                # stop() reaps whatever exited behind it, once proc.wait() has the status.
+                return
+            try:
+                os.waitpid(info.si_pid, os.WNOHANG)
+            except ChildProcessError:
+                return
+
+    def stop(self) -> None:
+        signal.signal(signal.SIGCHLD, self.previous)
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
 
 
 def _die_like_child(signum: int) -> None:

@@ -1,0 +1,336 @@
+"""Do no harm (issue 12), in-process: the program's own choices stand.
+
+The exit status of ``sys.exit(x)`` is CPython's, whatever ``x`` is; a bad option fails at
+``install()``, never at exit; and what the README promises about options and the API is true.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import lifeguard
+from lifeguard import options as _options
+from lifeguard.options import Options, parse_signals
+from lifeguard.outcome import Outcome, exit_code_of
+from tests.conftest import CHILD_TIMEOUT, REPO, Store, child_env
+
+# The documented upper bound for every option in seconds.
+MAX_SECONDS: float = getattr(_options, "MAX_SECONDS", 3600.0)
+
+# -- 1. the exit status is the one the process really exits with ----------------------------
+
+# Python source for the codes to check, each against the real interpreter: the C long range and
+# its overflow, the & 0xFF of POSIX, bool, an int subclass, and objects that are not ints.
+EXIT_CODES = [
+    "0",
+    "3",
+    "255",
+    "256",
+    "257",
+    "-1",
+    "-256",
+    "2**31",
+    "2**31 - 1",
+    "2**32 + 3",
+    "2**63 - 1",
+    "2**63",
+    "-2**63",
+    "-2**63 - 1",
+    "-2**64",
+    "10**30",
+    "True",
+    "False",
+    "None",
+    "'fatal'",
+    "3.0",
+    "[]",
+    "type('I', (int,), {})(260)",
+    "type('Idx', (), {'__index__': lambda self: 3})()",
+]
+
+
+def real_exit_status(source: str) -> int:
+    result = subprocess.run(
+        [sys.executable, "-c", f"import sys; sys.exit({source})"],
+        capture_output=True,
+        timeout=60,
+    )
+    return result.returncode
+
+
+def test_exit_code_of_matches_the_interpreter() -> None:
+    """Derived from the interpreter itself, not from a table written by hand."""
+    for source in EXIT_CODES:
+        code = eval(source)
+        assert exit_code_of(code) == real_exit_status(source), source
+
+
+def guarded_exit(store: Store, exit_source: str, prelude: str = "") -> tuple[int, str, str]:
+    """A program that installs lifeguard, starts a run and calls ``sys.exit(<exit_source>)``.
+    Returns (exit status, run status, stderr)."""
+    code = prelude + textwrap.dedent(
+        f"""
+        import sys
+        import lifeguard
+        lifeguard.install()
+        import mlflow
+        run = mlflow.start_run()
+        print(run.info.run_id, flush=True)
+        sys.exit({exit_source})
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        env=child_env(store),
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT,
+    )
+    run_id = result.stdout.split()[0] if result.stdout.split() else ""
+    assert run_id, result.stderr
+    return result.returncode, store.status(run_id), result.stderr
+
+
+@pytest.mark.parametrize(
+    ("source", "returncode", "status"),
+    [("256", 0, "FINISHED"), ("-1", 255, "FAILED"), ("2**63", 255, "FAILED")],
+)
+def test_status_follows_the_real_exit_status(
+    store: Store, source: str, returncode: int, status: str
+) -> None:
+    assert real_exit_status(source) == returncode
+    got_returncode, got_status, stderr = guarded_exit(store, source)
+    assert (got_returncode, got_status) == (returncode, status), stderr
+
+
+# -- 2. sys.exit(obj) whose __str__ raises --------------------------------------------------
+
+UNPRINTABLE = """
+class Unprintable:
+    def __str__(self):
+        raise ValueError("no text for you")
+    __repr__ = __str__
+"""
+
+
+def test_exit_with_an_unprintable_object_still_raises_system_exit(store: Store) -> None:
+    code = UNPRINTABLE + textwrap.dedent(
+        """
+        import sys
+        {install}
+        try:
+            sys.exit(Unprintable())
+        except BaseException as exc:
+            print(type(exc).__name__, type(exc.code).__name__ if hasattr(exc, "code") else "")
+            raise
+        """
+    )
+    env = child_env(store)
+    runs = {}
+    for label, install in (("raw", ""), ("guarded", "import lifeguard; lifeguard.install()")):
+        runs[label] = subprocess.run(
+            [sys.executable, "-c", code.replace("{install}", install)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=CHILD_TIMEOUT,
+        )
+    raw, guarded = runs["raw"], runs["guarded"]
+    assert raw.stdout == "SystemExit Unprintable\n"
+    assert (guarded.returncode, guarded.stdout) == (raw.returncode, raw.stdout), guarded.stderr
+    assert guarded.stderr == raw.stderr
+
+
+def test_unprintable_exit_code_ends_the_run_failed_with_a_reason(store: Store) -> None:
+    returncode, status, stderr = guarded_exit(store, "Unprintable()", prelude=UNPRINTABLE)
+    assert (returncode, status) == (1, "FAILED"), stderr
+    outcome = Outcome.exited(eval_unprintable())
+    assert outcome.reason == "exit code 1: <unprintable Unprintable object>"
+    assert outcome.tags()["lifeguard.exit_code"] == "1"
+
+
+def eval_unprintable() -> object:
+    namespace: dict[str, object] = {}
+    exec(textwrap.dedent(UNPRINTABLE), namespace)
+    return namespace["Unprintable"]()  # type: ignore[operator]
+
+
+def test_unprintable_exception_keeps_the_excepthook_quiet() -> None:
+    outcome = Outcome.raised(type("Odd", (Exception,), {"__str__": _raise})())
+    assert outcome.reason.endswith("Odd: <unprintable Odd object>")
+
+
+def _raise(self: object) -> str:
+    raise RuntimeError("no")
+
+
+# -- 3. numeric options: refused at install() when no timer can take them ------------------
+
+
+@pytest.mark.parametrize("name", ["deadline", "heartbeat", "blocked_grace"])
+@pytest.mark.parametrize("value", ["1e12", "3601", "nan", "inf", "-inf", "-1", "1e400"])
+def test_seconds_out_of_range_are_refused_with_the_range(name: str, value: str) -> None:
+    var = "LIFEGUARD_" + name.upper()
+    with pytest.raises(ValueError, match=rf"{var}.*{int(MAX_SECONDS)}") as env_error:
+        Options.from_kwargs({}, environ={var: value})
+    assert "seconds" in str(env_error.value)
+    with pytest.raises(ValueError, match=rf"option '{name}'.*{int(MAX_SECONDS)}"):
+        Options.from_kwargs({name: float(value)}, environ={})
+
+
+@pytest.mark.parametrize(("name", "zero"), [("deadline", False), ("heartbeat", True)])
+def test_seconds_in_range_are_accepted(name: str, zero: bool) -> None:
+    assert getattr(Options.from_kwargs({name: MAX_SECONDS}, environ={}), name) == MAX_SECONDS
+    assert getattr(Options.from_kwargs({name: "0.2"}, environ={}), name) == 0.2
+    if zero:
+        assert getattr(Options.from_kwargs({name: 0}, environ={}), name) == 0
+    else:
+        with pytest.raises(ValueError, match="greater than 0"):
+            Options.from_kwargs({name: 0}, environ={})
+
+
+def test_huge_deadline_fails_at_install_not_at_exit(store: Store) -> None:
+    """Before: accepted, then OverflowError in the SIGTERM handler, exit 1 and FINISHED."""
+    code = "import lifeguard; lifeguard.install(); print('installed')"
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        env=child_env(store, LIFEGUARD_DEADLINE="1e12"),
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT,
+    )
+    assert result.returncode == 1
+    assert "installed" not in result.stdout
+    assert "ValueError: environment variable LIFEGUARD_DEADLINE" in result.stderr
+    assert "at most 3600" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("option", "argv"),
+    [
+        ("--deadline", ["run", "--deadline", "1e12", "--", "true"]),
+        # MLflow's HTTP timeout: 1e12 overflows the socket timeout.
+        ("--timeout", ["sweep", "--tracking-uri", "sqlite:///{tmp}/x.db", "--timeout", "1e12"]),
+    ],
+)
+def test_command_line_seconds_use_the_same_range(
+    tmp_path: Path, option: str, argv: list[str]
+) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "lifeguard", *(a.replace("{tmp}", str(tmp_path)) for a in argv)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert f"{option} must be a number of seconds greater than 0 and at most 3600" in result.stderr
+    assert not (tmp_path / "x.db").exists()
+
+
+@pytest.mark.parametrize("var", ["LIFEGUARD_DEADLINE", "LIFEGUARD_HEARTBEAT"])
+def test_run_refuses_a_bad_variable_before_starting(store: Store, tmp_path: Path, var: str) -> None:
+    """Under `lifeguard run` the program's install() would only report it and run unguarded."""
+    marker = tmp_path / "started"
+    result = subprocess.run(
+        [sys.executable, "-m", "lifeguard", "run", "--", "touch", str(marker)],
+        env=child_env(store, **{var: "1e12"}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"lifeguard run: environment variable {var} must be")
+    assert not marker.exists()
+
+
+# -- 4. signals by number, as the README says ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value", ["15", " 15 ", "SIGTERM", "TERM", "term", "sigterm", 15, [15], ["15"], ("TERM",)]
+)
+def test_signals_by_name_or_number(value: object) -> None:
+    assert parse_signals(value) == (15,)
+
+
+def test_signal_list_mixes_names_and_numbers() -> None:
+    assert Options.from_kwargs({}, environ={"LIFEGUARD_SIGNALS": "15,HUP,2"}).signals == (15, 1, 2)
+    assert Options.from_kwargs({"signals": "15,1"}, environ={}).signals == (15, 1)
+
+
+@pytest.mark.parametrize("value", ["SIGKILL", "9", "KILL", "STOP", "19", 9])
+def test_unhookable_signals_are_refused(value: object) -> None:
+    with pytest.raises(ValueError, match="cannot be hooked"):
+        parse_signals(value)
+
+
+@pytest.mark.parametrize("value", ["SIGNOPE", "999", "-3", "TERM15", "1.5"])
+def test_unknown_signals_list_what_is_accepted(value: str) -> None:
+    with pytest.raises(ValueError) as error:
+        parse_signals(value, "environment variable LIFEGUARD_SIGNALS")
+    message = str(error.value)
+    assert message.startswith("environment variable LIFEGUARD_SIGNALS")
+    assert "SIGTERM" in message and "names or numbers" in message
+
+
+def test_signal_number_from_the_environment_is_hooked(store: Store) -> None:
+    code = textwrap.dedent(
+        """
+        import signal
+        import lifeguard
+        lifeguard.install()
+        from lifeguard import api
+        print(api.current().options.signals, signal.getsignal(signal.SIGUSR1) is not None)
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        env=child_env(store, LIFEGUARD_SIGNALS="10,TERM"),
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "(10, 15) True"
+
+
+# -- 5. uninstall() is what the second-install warning says, and the API is documented -------
+
+
+def test_uninstall_then_install_takes_the_new_options() -> None:
+    code = textwrap.dedent(
+        """
+        import lifeguard
+        from lifeguard import api
+        lifeguard.install(deadline=5)
+        lifeguard.install(deadline=7)              # warns: keeps 5
+        kept = api.current().options.deadline
+        lifeguard.uninstall()
+        print(lifeguard.is_installed())
+        lifeguard.install(deadline=7)              # the warning's advice: now 7, no warning
+        print(kept, api.current().options.deadline, lifeguard.is_installed())
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False", "5.0", "7.0", "True"]
+    assert result.stderr.count("already called") == 1
+    assert "lifeguard.uninstall()" in result.stderr
+
+
+def test_readme_documents_every_exported_name() -> None:
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("\n## API\n", 1)
+    assert len(section) == 2, "README has no '## API' section"
+    table = section[1].split("\n## ", 1)[0]
+    documented = set(re.findall(r"^\| `(?:lifeguard\.)?(\w+)", table, flags=re.MULTILINE))
+    exported = set(lifeguard.__all__) - {"__version__"}
+    assert exported <= documented, sorted(exported - documented)
