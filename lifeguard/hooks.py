@@ -48,8 +48,10 @@ class _Quitter:
         self._hooks = hooks
 
     def __call__(self, code: object = None) -> object:
-        self._hooks.exit_called(code)
-        return self._original(code)
+        try:
+            self._hooks.exit_called(code)
+        finally:
+            return self._original(code)  # noqa: B012 - exit as asked, whatever happened above
 
     def __repr__(self) -> str:
         return repr(self._original)
@@ -146,9 +148,11 @@ class ProcessHooks:
                 hook(tp, value, _without_own_frames(tb) if tb is not None else tb)
 
     def _exit(self, code: object = None) -> None:
-        self.exit_called(code)
-        assert self._saved_exit is not None
-        self._saved_exit(code)
+        try:
+            self.exit_called(code)
+        finally:
+            # The program asked to exit: it exits, whatever went wrong in lifeguard above.
+            (self._saved_exit or sys.__dict__["exit"])(code)
 
     def exit_called(self, code: object) -> None:
         # sys.exit() in another thread only ends that thread; it says nothing about the process.

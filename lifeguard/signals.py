@@ -166,7 +166,9 @@ class SignalWatch:
         self._stop_listener()
 
     def _start_listener(self) -> None:
-        self._read_fd, self._write_fd = os.pipe()
+        from lifeguard._fds import pipe
+
+        self._read_fd, self._write_fd = pipe()
         os.set_blocking(self._write_fd, False)  # the C handler must never block
         self._previous_fd = _signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
         _thread.start_new_thread(self._listen, ())

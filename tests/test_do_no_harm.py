@@ -334,3 +334,20 @@ def test_readme_documents_every_exported_name() -> None:
     documented = set(re.findall(r"^\| `(?:lifeguard\.)?(\w+)", table, flags=re.MULTILINE))
     exported = set(lifeguard.__all__) - {"__version__"}
     assert exported <= documented, sorted(exported - documented)
+
+
+def test_lifeguard_s_own_fds_leave_the_program_s_numbers_alone() -> None:
+    """The signal listener's pipe (and a watchdog's channel) sit at high fd numbers: the
+    program's first open() gets the fd it gets under plain python."""
+    code = (
+        "import os, lifeguard; lifeguard.install(watchdog=True); "
+        "print(os.open(os.devnull, os.O_RDONLY))"
+    )
+    plain = subprocess.run(
+        [sys.executable, "-c", code.replace("lifeguard.install(watchdog=True)", "None")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    guarded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert plain.stdout == guarded.stdout == "3\n", guarded.stderr

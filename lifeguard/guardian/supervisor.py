@@ -26,10 +26,11 @@ import signal
 import subprocess
 import sys
 
+from lifeguard._fds import out_of_the_way
 from lifeguard.guardian.channel import ENV, SUPERVISOR, Channel
 from lifeguard.guardian.watchdog import Evidence, decide, finalize_leftovers, wait_for_exit
-from lifeguard.hooks import die_by_signal
 from lifeguard.outcome import Outcome
+from lifeguard.signals import die_by_signal
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ def supervise(cmd: Sequence[str], *, deadline: float | None = None) -> int:
     from lifeguard.options import DEFAULT_DEADLINE
 
     read_fd, write_fd = os.pipe()
-    write_fd = _out_of_the_way(write_fd)
+    write_fd = out_of_the_way(write_fd)
     channel = Channel(write_fd, SUPERVISOR)
     try:
         # close_fds=False: every fd the supervisor was given (fd 3 of `3<file`, PMI_FD, systemd
@@ -183,24 +184,6 @@ def _prctl() -> Callable[..., int] | None:
         return prctl
     except (OSError, AttributeError):
         return None
-
-
-def _out_of_the_way(fd: int) -> int:
-    """Move the channel's fd to a high number: the program finds fds 3, 4, ... where they
-    would be without lifeguard (free, or the ones it was given), and its first open() gets
-    the same number as under plain python."""
-    import fcntl
-    import resource
-
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    limit = 1024 if soft == resource.RLIM_INFINITY else min(int(soft), 1024)
-    floor = max(3, limit - 24)  # below the usual 1024 select() limit, near the top
-    try:
-        high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor)
-    except OSError:  # every fd up there in use, or a tiny limit: keep the low one
-        return fd
-    os.close(fd)
-    return high
 
 
 # -- as PID 1 ------------------------------------------------------------------------------------

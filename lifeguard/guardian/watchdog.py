@@ -35,7 +35,9 @@ def start(deadline: float) -> tuple[Channel, int]:
     """Start the watchdog for this process. Returns the channel and the watchdog's pid."""
     import subprocess
 
-    read_fd, write_fd = os.pipe()
+    from lifeguard._fds import pipe
+
+    read_fd, write_fd = pipe()
     try:
         launcher = subprocess.Popen(
             [

@@ -1,0 +1,37 @@
+"""Keep lifeguard's own fds out of the program's way.
+
+A program (or its launcher) may count on fd numbers: the first ``open()`` after start-up gets 3
+under plain python, ``3<file`` hands it fd 3, PMI_FD and socket activation pass fds by number.
+lifeguard's pipes (the signal listener's, a guardian's channel) are moved to high numbers, so the
+program finds fds 3, 4, ... where they would be without lifeguard.
+"""
+
+from __future__ import annotations
+
+__all__ = ["out_of_the_way", "pipe"]
+
+
+def out_of_the_way(fd: int) -> int:
+    """Move ``fd`` to a high number (close-on-exec), closing the low one. Returns the new fd,
+    or ``fd`` itself if nothing up there is free."""
+    import fcntl
+    import os
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    limit = 1024 if soft == resource.RLIM_INFINITY else min(int(soft), 1024)
+    floor = max(3, limit - 24)  # below the usual 1024 select() limit, near the top
+    try:
+        high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor)
+    except OSError:  # every fd up there in use, or a tiny limit: keep the low one
+        return fd
+    os.close(fd)
+    return high
+
+
+def pipe() -> tuple[int, int]:
+    """``os.pipe()``, both ends moved out of the way."""
+    import os
+
+    read_fd, write_fd = os.pipe()
+    return out_of_the_way(read_fd), out_of_the_way(write_fd)
