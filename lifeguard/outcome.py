@@ -1,6 +1,6 @@
 """Why a process is ending, and the run status that follows from it.
 
-This module is the single place where DESIGN.md section 1 (the status contract) is encoded.
+This module is the single place where docs/design.md section 1 (the status contract) is encoded.
 Every finalizer, in-process or out-of-process, maps an :class:`Outcome` through it, so MLflow's
 status, wandb's exit code and the tags that say *why* can never disagree.
 """

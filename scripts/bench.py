@@ -4,7 +4,7 @@
                             [--sweep-size N]
 
 Each comparison interleaves the two sides round by round, so that a noisy machine slows both
-alike. Goals (DESIGN.md section 4):
+alike. Goals (docs/design.md section 4):
   import lifeguard          < 5 ms over bare `python -c pass`; imports neither mlflow nor psutil
   install()                 < 2 ms
   SIGTERM -> exit, KILLED   <= 1.10x a hand-written handler (tag reason, end_run, re-kill)

@@ -1,4 +1,4 @@
-"""One test per row of the status contract (DESIGN.md section 1), with real subprocesses and a
+"""One test per row of the status contract (docs/design.md section 1), with real subprocesses and a
 real sqlite store, with ``import mlflow`` both before and after ``install()``."""
 
 from __future__ import annotations
