@@ -6,6 +6,7 @@ from __future__ import annotations
 import _thread
 import sys
 
+from lifeguard import lifecycle as _lifecycle
 from lifeguard.finalizers import Handle, Registry
 from lifeguard.lifecycle import Lifecycle, Phase
 from lifeguard.options import Options
@@ -21,7 +22,6 @@ __all__ = ["current", "finish", "install", "is_installed", "register", "track", 
 
 _lock = _thread.RLock()
 _registry = Registry()
-_current: Lifecycle | None = None
 # The built-in backend finalizers install() registered, so that uninstall() can remove them.
 _builtin_handles: list[Handle] = []
 _fork_hook_registered = False
@@ -37,10 +37,7 @@ _inherited_runs: frozenset[str] = frozenset()
 
 def current() -> Lifecycle | None:
     """The lifecycle installed in *this* process, if any (never a forked parent's)."""
-    lifecycle = _current
-    if lifecycle is None or not lifecycle.owns_process():
-        return None
-    return lifecycle
+    return _lifecycle.current()
 
 
 def is_installed() -> bool:
@@ -49,7 +46,6 @@ def is_installed() -> bool:
 
 
 def install(**options: object) -> None:
-    global _current
     parsed = Options.from_kwargs(options)
     with _lock:
         existing = current()
@@ -68,7 +64,7 @@ def install(**options: object) -> None:
         lifecycle = Lifecycle(parsed, _registry)
         # Raises (wrong thread) before any state changes.
         lifecycle.hooks.install(parsed.signals)
-        _current = lifecycle
+        _lifecycle.set_current(lifecycle)
         _connect_guardian(lifecycle)
         _replay_journal_in_background()
         if not _builtin_handles:
@@ -76,7 +72,7 @@ def install(**options: object) -> None:
         if parsed.mlflow and parsed.heartbeat > 0 and "mlflow.tracking.fluent" in sys.modules:
             # mlflow already loaded: a program that only resumes a run (no new run, so no
             # context-provider call) still needs the heartbeat that adopts it.
-            from lifeguard.backends.mlflow_heartbeat import start_for
+            from lifeguard.backends.mlflow.heartbeat import start_for
 
             start_for(parsed.heartbeat)
 
@@ -248,8 +244,8 @@ def _after_fork_in_child() -> None:
     """A forked child (DataLoader worker, multiprocessing) inherits our hooks and registry but
     owns none of the parent's finalizers. Replace, never lock: another parent thread may have
     held the locks at the moment of fork."""
-    global _registry, _current, _builtin_handles, _lock, _inherited_runs
-    lifecycle = _current
+    global _registry, _builtin_handles, _lock, _inherited_runs
+    lifecycle = _lifecycle._current
     fluent = sys.modules.get("mlflow.tracking.fluent")
     if fluent is not None:
         try:
@@ -275,5 +271,5 @@ def _after_fork_in_child() -> None:
         lifecycle.channel = None
     _lock = _thread.RLock()
     _registry = Registry()
-    _current = None
+    _lifecycle.set_current(None)
     _builtin_handles = []

@@ -11,7 +11,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-    from lifeguard.backends.mlflow_sweep import SweepReport
+    from lifeguard.backends.mlflow.sweep import SweepReport
 
 COMMANDS = ("demo", "run", "sweep")
 
@@ -233,7 +233,7 @@ def _sweep(args: argparse.Namespace) -> int:
         sys.stderr.write("lifeguard sweep: --workers must be at least 1\n")
         return 2
     try:
-        from lifeguard.backends.mlflow_sweep import SweepError, sweep
+        from lifeguard.backends.mlflow.sweep import SweepError, sweep
     except ImportError:
         sys.stderr.write("lifeguard sweep needs MLflow: pip install mlflow\n")
         return 2

@@ -294,7 +294,7 @@ def dead_server_case(tmp: str) -> tuple[str, str, int, int, bool]:
 
     from mlflow.tracking import MlflowClient
 
-    from lifeguard.backends.mlflow_runs import replay_journal
+    from lifeguard.backends.mlflow.runs import replay_journal
     from lifeguard.guardian.journal import Journal
     from lifeguard.localserver import MlflowServer
 

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from lifeguard.options import Options
     from lifeguard.outcome import Outcome
 
-__all__ = ["Lifecycle", "Phase"]
+__all__ = ["Lifecycle", "Phase", "current", "set_current"]
 
 
 class Phase:
@@ -182,3 +182,21 @@ def _unreported_outcome() -> Outcome:
     outcome = Outcome.exited(0)
     outcome.assumed = True
     return outcome
+
+
+# The lifecycle install() set up in this process. Held here, in the domain module, so that the
+# backends can reach it without importing the public API module (which imports them).
+_current: Lifecycle | None = None
+
+
+def current() -> Lifecycle | None:
+    """The lifecycle installed in *this* process, if any (never a forked parent's)."""
+    lifecycle = _current
+    if lifecycle is None or not lifecycle.owns_process():
+        return None
+    return lifecycle
+
+
+def set_current(lifecycle: Lifecycle | None) -> None:
+    global _current
+    _current = lifecycle

@@ -61,7 +61,7 @@ _NAN = float("nan")
 MAX_SECONDS = 3600.0
 
 
-# Seconds between heartbeats (see backends/mlflow_heartbeat.py for why 60).
+# Seconds between heartbeats (see backends/mlflow/heartbeat.py for why 60).
 DEFAULT_HEARTBEAT = 60.0
 
 # How long a helper thread waits for a main thread stuck in C before finalizing for it.

@@ -87,7 +87,7 @@ def _tag_runs(signum: int, stamp: int) -> None:
     try:
         from mlflow.tracking import MlflowClient
 
-        from lifeguard.backends.mlflow import owned_active_runs
+        from lifeguard.backends.mlflow.finalizer import owned_active_runs
 
         client = MlflowClient()
         value = f"{signal.Signals(signum).name} at {stamp}"

@@ -14,7 +14,7 @@ Safety first: a run is ended only on positive evidence that nothing is left to e
 The end time is the last sign of life (the last heartbeat, else the last metric, else the
 start), never the time of the sweep: the run ended when its process did, not when we noticed.
 
-This module decides; ``backends/mlflow_sweep.py`` fetches and writes.
+This module decides; ``backends/mlflow/sweep.py`` fetches and writes.
 """
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ def seed(db: Path, n: int) -> dict[str, int]:
 
 
 def measure(n: int, workers: int, root: Path) -> dict[str, float]:
-    from lifeguard.backends.mlflow_sweep import sweep
+    from lifeguard.backends.mlflow.sweep import sweep
 
     db_dir = root / f"n{n}"
     db_dir.mkdir()

@@ -10,7 +10,7 @@ import time
 import mlflow
 import pytest
 
-from lifeguard.backends.mlflow_heartbeat import TAG_HEARTBEAT, Heartbeat
+from lifeguard.backends.mlflow.heartbeat import TAG_HEARTBEAT, Heartbeat
 from tests.conftest import Scenario, Store, child_env
 
 
@@ -48,7 +48,7 @@ def test_beat_finds_runs_created_outside_start_run(
 ) -> None:
     """Lightning's MLFlowLogger resolves context tags, then calls MlflowClient.create_run: the
     run is on no active-run stack, so the beat finds it by its owner tags."""
-    from lifeguard.backends import mlflow_context
+    from lifeguard.backends.mlflow import context as mlflow_context
     from lifeguard.owner import Owner
 
     mlflow.set_tracking_uri(store.uri)

@@ -16,7 +16,7 @@ BUDGET = 30.0
 
 def main() -> int:
     try:
-        from lifeguard.backends.mlflow_runs import replay_journal
+        from lifeguard.backends.mlflow.runs import replay_journal
     except ImportError:
         return 0  # no mlflow here; `lifeguard sweep` elsewhere will do it
     from lifeguard.guardian.journal import Journal

@@ -197,7 +197,7 @@ def finalize_leftovers(
 
     from mlflow.tracking import MlflowClient
 
-    from lifeguard.backends import mlflow_runs
+    from lifeguard.backends.mlflow import runs as mlflow_runs
     from lifeguard.guardian.journal import Journal
     from lifeguard.owner import Owner
 

@@ -17,8 +17,8 @@ import sys
 
 from mlflow.tracking.context.abstract_context import RunContextProvider
 
-from lifeguard import api
-from lifeguard.backends.mlflow_heartbeat import TAG_HEARTBEAT, now_ms, start_for
+from lifeguard.backends.mlflow.heartbeat import TAG_HEARTBEAT, now_ms, start_for
+from lifeguard.lifecycle import current
 from lifeguard.owner import Owner
 
 TYPE_CHECKING = False
@@ -46,7 +46,7 @@ def runs_created_outside_fluent(client: object, me: Owner, known: Iterable[str])
     none. Raises what the search raises."""
     if not created_outside_fluent_here():
         return []
-    from lifeguard.backends import mlflow_runs
+    from lifeguard.backends.mlflow import runs as mlflow_runs
 
     known = set(known)
     found = mlflow_runs.find_running_owned_by(client, me)  # type: ignore[arg-type]
@@ -72,20 +72,20 @@ def _preload_exit_path() -> None:
     import contextvars  # noqa: F401
     import threading  # noqa: F401
 
-    import lifeguard.backends.mlflow_runs
+    import lifeguard.backends.mlflow.runs
     import lifeguard.outcome  # noqa: F401
 
 
 class OwnerRunContext(RunContextProvider):
     def in_context(self) -> bool:
-        lifecycle = api.current()
+        lifecycle = current()
         return lifecycle is not None and lifecycle.is_installed()
 
     def tags(self) -> dict[str, str]:
         global _owner, created_outside_fluent
         if not _called_from_start_run():
             created_outside_fluent = os.getpid()
-        lifecycle = api.current()
+        lifecycle = current()
         if lifecycle is not None:
             lifecycle.hooks.move_atexit_to_front()
             if lifecycle.channel is not None:
@@ -105,7 +105,7 @@ class OwnerRunContext(RunContextProvider):
 def _start_heartbeat_if_installed() -> None:
     """MLflow loads this module (its run-context-provider entry point) while ``import mlflow``
     runs: the moment a program that installed lifeguard first can have runs, new or resumed."""
-    lifecycle = api.current()
+    lifecycle = current()
     if lifecycle is not None and lifecycle.is_installed() and lifecycle.options.mlflow:
         start_for(lifecycle.options.heartbeat)
 

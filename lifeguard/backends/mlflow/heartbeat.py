@@ -78,7 +78,7 @@ class Heartbeat:
         fluent = sys.modules.get("mlflow.tracking.fluent")
         if fluent is None:
             return []
-        from lifeguard.backends.mlflow import active_runs, owned_active_runs
+        from lifeguard.backends.mlflow.finalizer import active_runs, owned_active_runs
         from lifeguard.owner import Owner
 
         try:
@@ -106,8 +106,8 @@ class Heartbeat:
             return 0
         from mlflow.tracking import MlflowClient
 
-        from lifeguard.backends.mlflow import owned_active_runs
-        from lifeguard.backends.mlflow_context import runs_created_outside_fluent
+        from lifeguard.backends.mlflow.context import runs_created_outside_fluent
+        from lifeguard.backends.mlflow.finalizer import owned_active_runs
         from lifeguard.owner import Owner
 
         beaten = 0

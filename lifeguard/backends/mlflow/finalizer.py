@@ -45,7 +45,7 @@ class MlflowFinalizer:
         fluent = sys.modules.get("mlflow.tracking.fluent")
         if fluent is None:
             return
-        from lifeguard.backends import mlflow_heartbeat
+        from lifeguard.backends.mlflow import heartbeat as mlflow_heartbeat
 
         mlflow_heartbeat.heartbeat.stop()  # no beat may land after the final status
         self._plan = Plan.make(fluent, outcome, self)
@@ -58,7 +58,7 @@ class MlflowFinalizer:
             return None
         plan, self._plan = self._plan, None
         if plan is None:  # prepare() failed, or the registry was bypassed
-            from lifeguard.backends import mlflow_heartbeat
+            from lifeguard.backends.mlflow import heartbeat as mlflow_heartbeat
 
             mlflow_heartbeat.heartbeat.stop()
             plan = Plan.make(fluent, outcome, self)
@@ -86,7 +86,7 @@ class Plan:
     def make(cls, fluent: object, outcome: Outcome, finalizer: MlflowFinalizer) -> Plan:
         import mlflow
 
-        from lifeguard.backends.mlflow_runs import TAG_ENDED_BY
+        from lifeguard.backends.mlflow.runs import TAG_ENDED_BY
         from lifeguard.guardian.journal import Entry, Journal
 
         uri = mlflow.get_tracking_uri()
@@ -118,7 +118,7 @@ class Plan:
         """End the runs. Returns PENDING if any is only journaled."""
         from mlflow.tracking import MlflowClient
 
-        from lifeguard.backends import mlflow_runs
+        from lifeguard.backends.mlflow import runs as mlflow_runs
         from lifeguard.finalizers import PENDING, time_left
         from lifeguard.guardian.journal import Journal
         from lifeguard.owner import Owner
@@ -166,9 +166,9 @@ class Plan:
 def _dying_of_signal() -> bool:
     """Whether this finalization was started by a signal that will end the process (the
     ender thread, lifeguard.signals), rather than by an exit that goes on through atexit."""
-    from lifeguard import api
+    from lifeguard.lifecycle import current
 
-    lifecycle = api.current()
+    lifecycle = current()
     return lifecycle is not None and lifecycle.hooks.signals.ending
 
 
@@ -258,7 +258,7 @@ def _created_outside_fluent(client: MlflowClient, me: Owner, handled: list[str])
     """RUNNING runs this process created with ``MlflowClient.create_run`` after resolving
     context tags (Lightning's MLFlowLogger). A run its creator already ended is no longer
     RUNNING. A failed search is logged, not raised: the other runs still end."""
-    from lifeguard.backends.mlflow_context import runs_created_outside_fluent
+    from lifeguard.backends.mlflow.context import runs_created_outside_fluent
 
     try:
         return runs_created_outside_fluent(client, me, handled)
@@ -284,9 +284,9 @@ def active_runs(fluent: object) -> list[tuple[list[object], object]]:
 
 def owned_active_runs(fluent: object) -> list[str]:
     """Ids of the active runs this process would end (the heartbeat's runs)."""
-    from lifeguard import api
+    from lifeguard.lifecycle import current
 
-    lifecycle = api.current()
+    lifecycle = current()
     finalizer = getattr(lifecycle, "mlflow_finalizer", None) if lifecycle is not None else None
     skip = frozenset() if finalizer is None else finalizer.inherited | finalizer.attached
     return [run.info.run_id for _, run in active_runs(fluent) if run.info.run_id not in skip]  # type: ignore[attr-defined]
@@ -297,10 +297,10 @@ def _supervisor_for(outcome: Outcome) -> Channel | None:
     the end: `raise SystemExit(n)` looks like a clean return) and a supervisor knows better."""
     if not outcome.assumed:
         return None
-    from lifeguard import api
     from lifeguard.guardian.channel import SUPERVISOR
+    from lifeguard.lifecycle import current
 
-    lifecycle = api.current()
+    lifecycle = current()
     channel = lifecycle.channel if lifecycle is not None else None
     return channel if channel is not None and channel.role == SUPERVISOR else None
 

@@ -17,7 +17,7 @@ from mlflow.entities import RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from lifeguard.backends.mlflow_runs import (
+from lifeguard.backends.mlflow.runs import (
     TAG_ENDED_BY,
     all_experiment_ids,
     environment,
@@ -84,7 +84,7 @@ def sweep(
     client = MlflowClient(tracking_uri=tracking_uri)
     with _bounded_retries(timeout):
         if not dry_run:
-            from lifeguard.backends.mlflow_runs import replay_journal
+            from lifeguard.backends.mlflow.runs import replay_journal
             from lifeguard.guardian.journal import Journal
 
             report.journal = replay_journal(
