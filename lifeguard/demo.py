@@ -553,6 +553,14 @@ class Zygote:
         return _drive(child, argv, started, **kwargs)  # type: ignore[arg-type]
 
     def close(self) -> None:
+        import socket
+
+        # shutdown, not only close: our listener thread is blocked in recv on this socket, and
+        # a close under a blocked recv neither wakes it nor lets the zygote see EOF.
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self.sock.close()  # EOF: the zygote kills what is left of its children and exits
         try:
             self.proc.wait(30)
