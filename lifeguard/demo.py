@@ -390,8 +390,12 @@ def zygote_main(sock_fd: int) -> dict[str, object]:
     me = os.getpid()
     children: dict[int, tuple[int, int]] = {}  # pidfd -> (request id, pid)
 
-    def reply(**fields: object) -> None:
-        sock.send(json.dumps(fields).encode())
+    def reply(**fields: object) -> bool:
+        try:
+            sock.send(json.dumps(fields).encode())
+        except OSError:  # the demo is gone: so are we, quietly
+            return False
+        return True
 
     try:
         while True:
@@ -402,7 +406,8 @@ def zygote_main(sock_fd: int) -> dict[str, object]:
                 rid, pid = children.pop(fd)
                 os.close(fd)
                 _, status = os.waitpid(pid, 0)
-                reply(id=rid, status=status)
+                if not reply(id=rid, status=status):
+                    return {}
             if sock.fileno() not in readable:
                 continue
             message, fds, _, _ = socket.recv_fds(sock, 1 << 20, 3)
@@ -432,7 +437,8 @@ def zygote_main(sock_fd: int) -> dict[str, object]:
             for fd in fds:
                 os.close(fd)
             children[os.pidfd_open(pid)] = (request["id"], pid)
-            reply(id=request["id"], pid=pid)
+            if not reply(id=request["id"], pid=pid):
+                return {}
     finally:
         if os.getpid() == me:
             for _, pid in children.values():
@@ -780,14 +786,13 @@ def main(argv: Sequence[str] | None = None, *, jobs: int = 4) -> int:
     global _reaper
     directory = tempfile.mkdtemp(prefix="lifeguard-demo-")
     _reaper = _start_reaper(directory)  # first, before anything it must clean up
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        # Ctrl-C: die of it at once, and let the reaper clean up. A KeyboardInterrupt would
+        # wait for every row in flight (the pool's exit), and even a Python handler may run
+        # only once a row ends: the kernel may hand the signal to any of our threads.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
     try:
         return 0 if _demo(directory, jobs) else 1
-    except KeyboardInterrupt:
-        # Ctrl-C: die of it at once, as an interrupted program does; the reaper cleans up.
-        sys.stdout.flush()
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
-        raise
     finally:
         clean_up(directory)
 

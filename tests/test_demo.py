@@ -111,13 +111,17 @@ def _read_lines(stream: object, lines: queue.Queue[str]) -> None:
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+@pytest.mark.parametrize(
+    "sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=["SIGKILL", "SIGTERM", "Ctrl-C"]
+)
 def test_nothing_of_the_demo_outlives_it(tmp_path: Path, sig: int) -> None:
     errors = tmp_path / "stderr"
     with open(errors, "w") as stderr:
         proc = subprocess.Popen(
             [sys.executable, "-m", "lifeguard", "demo"],
             stdout=subprocess.PIPE, stderr=stderr, text=True, env=demo_env(),
+            # A terminal's dispositions (an xdist worker may ignore SIGINT), as run_child gives.
+            preexec_fn=demo._child_preexec(None),
         )  # fmt: skip
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=_read_lines, args=(proc.stdout, lines), daemon=True).start()
