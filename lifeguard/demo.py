@@ -4,6 +4,19 @@ The same module is the child program: ``python -m lifeguard.demo --child PATH`` 
 a metric, prints a ready line and then ends the way PATH says. The parent reads the ready line
 before it sends any signal, so nothing here depends on timing. The test-suite drives its own
 child programs with the same runner (:func:`run_child`).
+
+The demo itself does not exec a new interpreter per child: each would pay ``import mlflow``
+(~1.5 s of CPU), 36 times. A *zygote* (``python -m lifeguard.demo --zygote FD``) imports mlflow
+once, with no thread, no engine and no lifeguard, and forks each child from that warm state. The
+forked child then runs the child program at the top of ``__main__``, exactly as
+``python -m lifeguard.demo --child PATH`` would: it calls ``install()`` (or not), starts its run,
+meets its exit path and leaves through the interpreter's own exit (its atexit hooks, its
+traceback, its death by a signal). The zygote reaps it and reports the real wait status.
+
+Nothing the demo starts outlives it, even a SIGKILL of it: a reaper (``--reaper``) waits for the
+demo's death on a pidfd and kills every process that carries the demo's marker in its
+environment (the zygote and its children, their watchdogs, the server tree), then removes the
+demo's temporary directory.
 """
 
 from __future__ import annotations
@@ -13,17 +26,43 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
+    from typing import IO, Protocol
+
+    class _Process(Protocol):
+        """What :func:`_drive` needs of a child: a Popen, or a child forked by the zygote."""
+
+        @property
+        def pid(self) -> int: ...
+        @property
+        def stdin(self) -> IO[str] | None: ...
+        @property
+        def stdout(self) -> IO[str] | None: ...
+        @property
+        def stderr(self) -> IO[str] | None: ...
+
+        def poll(self) -> int | None: ...
+        def wait(self, timeout: float | None = None) -> int: ...
+        def send_signal(self, sig: int) -> None: ...
+        def kill(self) -> None: ...
+
 
 __all__ = ["PATHS", "ChildResult", "enact", "main", "run_child"]
 
 READY = "LIFEGUARD-READY"
+# Every process the demo starts carries this in its environment, set to the demo's directory.
+MARKER = "LIFEGUARD_DEMO_DIR"
+# The signals the exit paths are about: a child starts with their default dispositions,
+# unblocked, whatever its parent inherited (nohup ignores SIGHUP; some runners block signals).
+TESTED_SIGNALS = (
+    signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+)  # fmt: skip
+PR_SET_PDEATHSIG = 1
 
 # name -> (what the child does, signal the parent sends after the ready line)
 PATHS: dict[str, tuple[str, int | None]] = {
@@ -140,6 +179,41 @@ class ChildError(RuntimeError):
     pass
 
 
+def _libc_prctl() -> Callable[..., int]:
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True).prctl
+
+
+def default_signals() -> None:
+    """Give this process the default disposition of every signal under test, unblocked."""
+    for signum in TESTED_SIGNALS:
+        if signum == signal.SIGINT:
+            # What a fresh interpreter has: KeyboardInterrupt (default_int_handler).
+            signal.signal(signum, signal.default_int_handler)
+        else:
+            signal.signal(signum, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, TESTED_SIGNALS)
+
+
+def _child_preexec(prctl: Callable[..., int] | None) -> Callable[[], None]:
+    """Runs in the child between fork and exec. Default dispositions: an exec keeps an ignored
+    signal ignored (and a blocked one blocked), so a runner under ``nohup`` would otherwise hand
+    its children an ignored SIGHUP, and lifeguard rightly keeps an ignored signal ignored. A
+    child that is to ignore one (the nohup path) sets that up itself. PR_SET_PDEATHSIG: the
+    child dies with the thread that started it, even if that thread's process is SIGKILLed;
+    run_child waits for its child in that very thread, so the thread outlives a normal child."""
+
+    def preexec() -> None:
+        for signum in TESTED_SIGNALS:
+            signal.signal(signum, signal.SIG_DFL)  # SIGINT too: the exec'd Python installs its own
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, TESTED_SIGNALS)
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+    return preexec
+
+
 def run_child(
     cmd: Sequence[str],
     *,
@@ -152,6 +226,7 @@ def run_child(
     to_ready_pid: bool = False,
     on_line: Mapping[str, int] | None = None,
     after_ready: Callable[[dict[str, object]], object] | None = None,
+    die_with_parent: bool = True,
 ) -> ChildResult:
     """Start ``cmd``, wait for its ready line, send ``send`` signals in order, then wait for it.
 
@@ -161,8 +236,12 @@ def run_child(
     such as "during finalization" without sleeps. ``after_ready(ready)`` is called once the ready
     line is read, before any signal: the moment to break something (a server) under the child.
     Every wait is bounded by ``timeout``; on expiry the child is killed and ChildError raised.
+
+    The child starts with the default disposition of each signal under test, unblocked, whatever
+    this process inherited; and (``die_with_parent``) it is SIGKILLed if we die first.
     """
     started = time.monotonic()
+    prctl = _libc_prctl() if die_with_parent and sys.platform == "linux" else None
     proc = subprocess.Popen(
         list(cmd),
         stdin=subprocess.PIPE,
@@ -171,7 +250,29 @@ def run_child(
         env=None if env is None else dict(env),
         text=True,
         start_new_session=new_session,
+        preexec_fn=_child_preexec(prctl),
     )
+    return _drive(
+        proc, list(cmd), started,
+        send=send, close_stdin_after_signals=close_stdin_after_signals, timeout=timeout,
+        to_group=to_group, to_ready_pid=to_ready_pid, on_line=on_line, after_ready=after_ready,
+    )  # fmt: skip
+
+
+def _drive(
+    proc: _Process,
+    cmd: object,
+    started: float,
+    *,
+    send: Sequence[int] = (),
+    close_stdin_after_signals: bool = True,
+    timeout: float = 60.0,
+    to_group: bool = False,
+    to_ready_pid: bool = False,
+    on_line: Mapping[str, int] | None = None,
+    after_ready: Callable[[dict[str, object]], object] | None = None,
+) -> ChildResult:
+    """The parent's side of :func:`run_child`, for a child already started."""
     stdout_lines: list[str] = []
     stderr_chunks: list[str] = []
     ready_event = threading.Event()
@@ -241,6 +342,239 @@ def run_child(
     return result
 
 
+# -- the zygote: one warm `import mlflow`, a fork per child ----------------------------------
+
+
+def _preload() -> None:
+    """Import what every child would import, and warm what needs no engine and no thread."""
+    import mlflow
+    import mlflow.store.tracking.sqlalchemy_store  # sqlalchemy, alembic
+    import mlflow.tracking.context.registry  # noqa: F401
+
+    for optional in ("git", "psutil", "sqlalchemy.dialects.sqlite"):
+        try:
+            __import__(optional)  # git: MLflow's git tags; psutil: lifeguard's owner tags
+        except ImportError:
+            pass
+    try:
+        # Parses the migration scripts (no database): each child's store checks its schema.
+        from mlflow.store.db.utils import _get_latest_schema_revision
+
+        _get_latest_schema_revision()  # type: ignore[no-untyped-call]
+    except Exception:  # noqa: BLE001 - only a warm-up: the child does it for real
+        pass
+
+
+def zygote_main(sock_fd: int) -> dict[str, object]:
+    """Serve fork requests on ``sock_fd`` until the demo goes away; then exit.
+
+    Returns only in a forked child, with its request: the caller (``__main__``) then runs the
+    child program at the top of the module, so it ends as a fresh ``python -m`` would."""
+    import gc
+    import select
+    import socket
+
+    # Fork requests carry their stdio; the demo learns pid and wait status by request id.
+    default_signals()
+    sock = socket.socket(fileno=sock_fd)
+    # Python's advice for a process that forks without exec: no collection while preloading,
+    # then every preloaded object frozen out of the collector's sight. Without it each child's
+    # exit, whose final collection walks (and so copies) the whole inherited heap, cost 0.85 s of
+    # CPU; frozen, the child's own garbage is still collected, and its exit runs as before.
+    gc.disable()
+    _preload()
+    gc.freeze()
+    if threading.active_count() != 1:  # a thread would be copied half-way into every child
+        raise RuntimeError(f"the zygote must not run threads: {threading.enumerate()}")
+    prctl = _libc_prctl()
+    me = os.getpid()
+    children: dict[int, tuple[int, int]] = {}  # pidfd -> (request id, pid)
+
+    def reply(**fields: object) -> bool:
+        try:
+            sock.send(json.dumps(fields).encode())
+        except OSError:  # the demo is gone: so are we, quietly
+            return False
+        return True
+
+    try:
+        while True:
+            readable, _, _ = select.select([sock.fileno(), *children], [], [])
+            for fd in readable:
+                if fd == sock.fileno():
+                    continue
+                rid, pid = children.pop(fd)
+                os.close(fd)
+                _, status = os.waitpid(pid, 0)
+                if not reply(id=rid, status=status):
+                    return {}
+            if sock.fileno() not in readable:
+                continue
+            message, fds, _, _ = socket.recv_fds(sock, 1 << 20, 3)
+            if not message:
+                return {}  # the demo is gone (exited or killed): so are we
+            request = json.loads(message)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                gc.enable()
+                sock.close()
+                for fd in children:
+                    os.close(fd)
+                for target, fd in enumerate(fds):
+                    os.dup2(fd, target)
+                    os.close(fd)
+                os.setsid()  # as run_child's new_session: the terminal's signals are not ours
+                # Die with the zygote (single-threaded, so "the thread that forked" is it).
+                prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+                if os.getppid() != me:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                os.environ.clear()
+                os.environ.update(request["env"])
+                sys.argv[:] = request["argv"]
+                return dict(request)
+            for fd in fds:
+                os.close(fd)
+            children[os.pidfd_open(pid)] = (request["id"], pid)
+            if not reply(id=request["id"], pid=pid):
+                return {}
+    finally:
+        if os.getpid() == me:
+            for _, pid in children.values():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+class ForkedChild:
+    """A child forked by the zygote, seen from the demo: the parts of Popen that _drive uses."""
+
+    def __init__(self, zygote: Zygote, rid: int) -> None:
+        self.zygote = zygote
+        self.rid = rid
+        self.pid = 0
+        self.returncode: int | None = None
+        self.started = threading.Event()
+        self.exited = threading.Event()
+        self.stdin: IO[str] | None = None
+        self.stdout: IO[str] | None = None
+        self.stderr: IO[str] | None = None
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self.exited.wait(timeout):
+            raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
+        if self.returncode is None:
+            raise ChildError("the zygote died before its child exited")
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if not self.exited.is_set():  # not reaped yet, so the pid is still this child's
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class Zygote:
+    """The demo's side of the zygote: start it, ask it for children."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        import socket
+
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.sock = ours
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "lifeguard.demo", "--zygote", str(theirs.fileno())],
+            pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            env=dict(env),
+            start_new_session=True,
+        )
+        theirs.close()
+        self.lock = threading.Lock()
+        self.children: dict[int, ForkedChild] = {}
+        self.next_id = 0
+        threading.Thread(target=self._listen, daemon=True).start()
+
+    def _listen(self) -> None:
+        while True:
+            try:
+                message = self.sock.recv(1 << 16)
+            except OSError:
+                message = b""
+            if not message:
+                break
+            answer = json.loads(message)
+            with self.lock:
+                child = self.children[answer["id"]]
+            if "pid" in answer:
+                child.pid = answer["pid"]
+                child.started.set()
+            else:
+                child.returncode = os.waitstatus_to_exitcode(answer["status"])
+                with self.lock:
+                    del self.children[answer["id"]]
+                child.exited.set()
+        with self.lock:  # the zygote is gone, and with it (PR_SET_PDEATHSIG) its children
+            lost, self.children = list(self.children.values()), {}
+        for child in lost:
+            child.started.set()
+            child.exited.set()
+
+    def spawn(self, argv: Sequence[str], env: Mapping[str, str], timeout: float) -> ForkedChild:
+        """Fork a child that runs ``python -m lifeguard.demo`` with ``argv`` (``--child PATH
+        [--with-lifeguard]``, or a task) in ``env``, on three new pipes."""
+        import socket
+
+        pipes = [os.pipe() for _ in range(3)]  # stdin, stdout, stderr; close-on-exec here
+        theirs = [pipes[0][0], pipes[1][1], pipes[2][1]]
+        with self.lock:
+            self.next_id += 1
+            child = ForkedChild(self, self.next_id)
+            self.children[child.rid] = child
+            request = {"id": child.rid, "argv": [__file__, *argv], "env": dict(env)}
+            try:
+                socket.send_fds(self.sock, [json.dumps(request).encode()], theirs)
+            finally:
+                for fd in theirs:
+                    os.close(fd)
+        child.stdin = open(pipes[0][1], "w")  # noqa: SIM115 - closed by _drive and at exit
+        child.stdout = open(pipes[1][0])  # noqa: SIM115
+        child.stderr = open(pipes[2][0])  # noqa: SIM115
+        if not child.started.wait(timeout) or not child.pid:
+            raise ChildError(f"the zygote forked no child within {timeout}s for {argv}")
+        return child
+
+    def run(self, argv: Sequence[str], env: Mapping[str, str], **kwargs: object) -> ChildResult:
+        """:func:`run_child`, for a forked child."""
+        started = time.monotonic()
+        timeout = float(kwargs.get("timeout", 60.0))  # type: ignore[arg-type]
+        child = self.spawn(argv, env, timeout)
+        return _drive(child, argv, started, **kwargs)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        import socket
+
+        # shutdown, not only close: our listener thread is blocked in recv on this socket, and
+        # a close under a blocked recv neither wakes it nor lets the zygote see EOF.
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()  # EOF: the zygote kills what is left of its children and exits
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
 # -- the child side --------------------------------------------------------------------------
 
 
@@ -262,6 +596,28 @@ def child_main(path: str, with_lifeguard: bool) -> None:
     enact(path)
 
 
+def task_main(task: str, arg: str) -> None:
+    """The demo's chores that need mlflow, done in a forked child so that the demo need not
+    import it: ``setup URI`` migrates a new store once, before the children race to;
+    ``replay DIR`` replays a journal (as the next ``install()``, or ``lifeguard sweep``, would)."""
+    import logging
+
+    announce(pid=os.getpid())
+    # MLflow announces its schema migration at INFO on stderr; it is noise here.
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+    if task == "setup":
+        from mlflow.tracking import MlflowClient
+
+        MlflowClient(tracking_uri=arg).search_experiments()
+    elif task == "replay":
+        from lifeguard.backends.mlflow.runs import replay_journal
+        from lifeguard.guardian.journal import Journal
+
+        print(json.dumps(replay_journal(Journal(arg), budget=30.0)))
+    else:
+        raise ValueError(f"unknown task {task!r}")
+
+
 def wait_gone(pid: int, timeout: float = 60.0) -> bool:
     """Wait for a process that is not our child (a watchdog): pidfd, no polling."""
     import select
@@ -276,56 +632,78 @@ def wait_gone(pid: int, timeout: float = 60.0) -> bool:
         os.close(fd)
 
 
-# -- the demo -------------------------------------------------------------------------------
+# -- nothing outlives the demo ----------------------------------------------------------------
+
+
+def _marked(directory: str) -> list[int]:
+    """The live processes whose environment has MARKER=directory. /proc/PID/environ is the
+    environment a process was exec'd with: a child forked by the zygote shows the zygote's,
+    which has the marker too. A zombie shows none, and needs no killing."""
+    entry = f"\0{MARKER}={directory}\0".encode()
+    me = os.getpid()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                environ = b"\0" + f.read() + b"\0"
+        except OSError:  # gone, or not ours
+            continue
+        if entry in environ:
+            found.append(int(name))
+    return found
+
+
+def clean_up(directory: str) -> None:
+    """Kill every process of the demo in ``directory``, then remove it."""
+    import shutil
+
+    for _ in range(100):  # until a scan finds none: a process may fork while we look
+        pids = _marked(directory)
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def reaper_main(parent: int, directory: str) -> None:
+    """Wait for the demo to die, however it dies, then clean up after it."""
+    import select
+
+    try:
+        fd: int | None = os.pidfd_open(parent)
+    except ProcessLookupError:
+        fd = None
+    if fd is not None and os.getppid() == parent:  # else it is gone already
+        select.select([fd], [], [])
+    clean_up(directory)
+
+
+def _start_reaper(directory: str) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if k != MARKER}
+    return subprocess.Popen(
+        [sys.executable, "-m", "lifeguard.demo", "--reaper", str(os.getpid()), directory],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        env=env,
+        # Its own session: the Ctrl-C or hangup that stops the demo must not stop its reaper.
+        start_new_session=True,
+    )
+
+
+# -- the demo ---------------------------------------------------------------------------------
 
 
 DEAD_SERVER = "SIGTERM while the tracking server is down"
-
-
-def dead_server_case(tmp: str) -> tuple[str, str, int, int, bool]:
-    """A real ``mlflow server`` that dies after the run starts; then SIGTERM. Raw MLflow, then
-    lifeguard, each on the same server. lifeguard cannot write the status, so it journals it and
-    exits at once; once the server is back, the journal is replayed (as the next ``install()``
-    on this machine, or ``lifeguard sweep``, would) and the run must read KILLED, with the time
-    of the signal as its end time. Returns (raw status, lifeguard status, raw exit status,
-    lifeguard exit status, whether the end time is the signal's)."""
-    import time
-    from pathlib import Path
-
-    from mlflow.tracking import MlflowClient
-
-    from lifeguard.backends.mlflow.runs import replay_journal
-    from lifeguard.guardian.journal import Journal
-    from lifeguard.localserver import MlflowServer
-
-    journal_dir = os.path.join(tmp, "journal")
-    server = MlflowServer(Path(tmp) / "server").start()
-    try:
-        env = {**os.environ, "MLFLOW_TRACKING_URI": server.uri, "PYTHONWARNINGS": "ignore",
-               "LIFEGUARD_JOURNAL_DIR": journal_dir}  # fmt: skip
-        ended: dict[bool, tuple[str, int]] = {}
-        signalled_at = 0.0
-        for with_lifeguard in (False, True):
-            if server.proc is None:
-                server.start()  # same port, same store: the URI in the journal stays valid
-            cmd = [sys.executable, "-m", "lifeguard.demo", "--child", "SIGTERM"]
-            if with_lifeguard:
-                cmd.append("--with-lifeguard")
-            result = run_child(
-                cmd, env=env, send=(signal.SIGTERM,), after_ready=lambda ready: server.stop()
-            )
-            signalled_at = time.time()
-            ended[with_lifeguard] = (str(result.ready["run_id"]), result.returncode)
-        server.start()
-        replay_journal(Journal(journal_dir), budget=30.0)
-        client = MlflowClient(tracking_uri=server.uri)
-        raw = client.get_run(ended[False][0]).info
-        guarded = client.get_run(ended[True][0]).info
-        # The end time is when the process learned it was ending, before the server came back.
-        true_end = guarded.end_time is not None and guarded.end_time <= signalled_at * 1000 + 1
-        return raw.status, guarded.status, ended[False][1], ended[True][1], true_end
-    finally:
-        server.stop()
+HEADERS = ("exit path", "raw MLflow", "with lifeguard", "exit code")
+# Bounds each wait for one child, not the expected duration (well under a second, quiet).
+CHILD_TIMEOUT = 60.0
+_reaper: subprocess.Popen[bytes] | None = None
 
 
 def describe_exit(returncode: int) -> str:
@@ -334,79 +712,181 @@ def describe_exit(returncode: int) -> str:
     return str(returncode)
 
 
-def main(argv: Sequence[str] | None = None, *, jobs: int = 4) -> int:
-    """Run the demo and print its table. Returns 0 when lifeguard told the truth every time."""
-    from concurrent.futures import ThreadPoolExecutor
+def _status_in_store(db: str, run_id: str) -> tuple[str, int | None]:
+    """What MLflow recorded, read straight from its sqlite store (the demo imports no mlflow)."""
+    import sqlite3
+    from contextlib import closing
 
-    from mlflow.tracking import MlflowClient
+    with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)) as db_conn:
+        row = db_conn.execute(
+            "SELECT status, end_time FROM runs WHERE run_uuid = ?", (run_id,)
+        ).fetchone()
+    return str(row[0]), None if row[1] is None else int(row[1])
+
+
+def _status_on_server(uri: str, run_id: str) -> tuple[str, int | None]:
+    """What the tracking server says, through its REST API."""
+    import urllib.request
+
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # 127.0.0.1: no proxy
+    with opener.open(f"{uri}/api/2.0/mlflow/runs/get?run_id={run_id}", timeout=30) as answer:
+        info = json.load(answer)["run"]["info"]
+    end = info.get("end_time")
+    return str(info["status"]), None if end is None else int(end)
+
+
+def dead_server_case(
+    zygote: Zygote, tmp: str, env: Mapping[str, str], emit: Callable[[str], None]
+) -> tuple[str, str, int, int, bool]:
+    """A real ``mlflow server`` that dies after the runs start; then SIGTERM. Raw MLflow and
+    lifeguard, side by side on the same server. lifeguard cannot write the status, so it
+    journals it and exits at once; once the server is back, the journal is replayed (as the next
+    ``install()`` on this machine, or ``lifeguard sweep``, would) and the run must read KILLED,
+    with the time of the signal as its end time. Returns (raw status, lifeguard status, raw exit
+    status, lifeguard exit status, whether the end time is the signal's)."""
+    from concurrent.futures import ThreadPoolExecutor
+    from pathlib import Path
+
+    from lifeguard.localserver import MlflowServer
+
+    journal_dir = os.path.join(tmp, "journal-server")
+    server = MlflowServer(Path(tmp) / "server", env={MARKER: tmp}).start()
+    emit(f"(the last row's mlflow server is up: {server.uri})")
+    try:
+        env = {**env, "MLFLOW_TRACKING_URI": server.uri, "LIFEGUARD_JOURNAL_DIR": journal_dir}
+        # Both runs started, then the server dies, then both get their SIGTERM.
+        both_started = threading.Barrier(2, action=server.stop, timeout=CHILD_TIMEOUT)
+
+        def one(with_lifeguard: bool) -> ChildResult:
+            argv = ["--child", "SIGTERM", *(["--with-lifeguard"] if with_lifeguard else [])]
+            return zygote.run(
+                argv, env, send=(signal.SIGTERM,), timeout=CHILD_TIMEOUT,
+                after_ready=lambda ready: both_started.wait(),
+            )  # fmt: skip
+
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            raw, guarded = pool.map(one, (False, True))
+        signalled_before = time.time()
+        server.start()  # same port, same store: the URI in the journal stays valid
+        zygote.run(["--task", "replay", journal_dir], env, timeout=CHILD_TIMEOUT)
+        raw_status, _ = _status_on_server(server.uri, str(raw.ready["run_id"]))
+        status, end_time = _status_on_server(server.uri, str(guarded.ready["run_id"]))
+        # The end time is when the process learned it was ending, before the server came back.
+        true_end = end_time is not None and end_time <= signalled_before * 1000 + 1
+        return raw_status, status, raw.returncode, guarded.returncode, true_end
+    finally:
+        server.stop()
+
+
+def main(argv: Sequence[str] | None = None, *, jobs: int = 4) -> int:
+    """Run the demo and print its table, row by row. Returns 0 when lifeguard told the truth
+    every time, 1 otherwise."""
+    import tempfile
+
+    global _reaper
+    directory = tempfile.mkdtemp(prefix="lifeguard-demo-")
+    _reaper = _start_reaper(directory)  # first, before anything it must clean up
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        # Ctrl-C: die of it at once, and let the reaper clean up. A KeyboardInterrupt would
+        # wait for every row in flight (the pool's exit), and even a Python handler may run
+        # only once a row ends: the kernel may hand the signal to any of our threads.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+    try:
+        return 0 if _demo(directory, jobs) else 1
+    finally:
+        clean_up(directory)
+
+
+def _demo(directory: str, jobs: int) -> bool:
+    from concurrent.futures import ThreadPoolExecutor
 
     from lifeguard.outcome import Outcome
 
-    out = sys.stdout
-    with tempfile.TemporaryDirectory(prefix="lifeguard-demo-") as tmp:
-        uri = f"sqlite:///{os.path.join(tmp, 'mlflow.db')}"
-        import logging
+    lock = threading.Lock()
 
-        # MLflow announces its schema migration at INFO on stderr; it is noise here.
-        logging.getLogger("mlflow").setLevel(logging.WARNING)
-        client = MlflowClient(tracking_uri=uri)
-        client.search_experiments()  # creates the schema once, before children race to
-        env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONWARNINGS": "ignore"}
-        paths = {**PATHS, **DEATHS}
-        out.write(f"lifeguard demo: {len(paths) + 1} exit paths, raw MLflow vs lifeguard ({uri})\n")
-        out.flush()
+    def emit(line: str) -> None:
+        with lock:
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
 
-        def one(path: str, with_lifeguard: bool) -> tuple[str, int, str]:
-            cmd = [sys.executable, "-m", "lifeguard.demo", "--child", path]
-            if with_lifeguard:
-                cmd.append("--with-lifeguard")
-            sig = paths[path][1]
-            result = run_child(cmd, env=env, send=() if sig is None else (sig,))
-            if result.ready.get("watchdog"):
-                wait_gone(int(result.ready["watchdog"]))  # type: ignore[call-overload]
-            run = client.get_run(str(result.ready["run_id"]))
-            return run.info.status, result.returncode, run.info.end_time
+    db = os.path.join(directory, "mlflow.db")
+    uri = f"sqlite:///{db}"
+    env = {k: v for k, v in os.environ.items() if k != MARKER}
+    env.update({"MLFLOW_TRACKING_URI": uri, "PYTHONWARNINGS": "ignore", MARKER: directory,
+                "LIFEGUARD_JOURNAL_DIR": os.path.join(directory, "journal")})  # fmt: skip
+    paths = {**PATHS, **DEATHS}
+    labels = {path: paths[path][0] + (" [watchdog]" if path in DEATHS else "") for path in paths}
+    last = DEAD_SERVER + " [journal]"
+    widths = [max(len(HEADERS[0]), len(last), *map(len, labels.values())),
+              len(HEADERS[1]), len(HEADERS[2]), len("143 (SIGTERM)")]  # fmt: skip
 
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            dead_server = pool.submit(dead_server_case, tmp)
+    def row(label: str, raw: str, guarded: str, rc: int, ok: bool) -> None:
+        cells = [c.ljust(w) for c, w in zip((label, raw, guarded, describe_exit(rc)), widths)]  # noqa: B905
+        emit("  ".join(cells) + ("" if ok else "  <- wrong"))
+
+    emit(f"lifeguard demo: {len(paths) + 1} exit paths, raw MLflow vs lifeguard ({uri})")
+    zygote = Zygote(env)
+
+    def one(path: str, with_lifeguard: bool) -> tuple[str, int, int | None]:
+        argv = ["--child", path, *(["--with-lifeguard"] if with_lifeguard else [])]
+        sig = paths[path][1]
+        result = zygote.run(argv, env, send=() if sig is None else (sig,), timeout=CHILD_TIMEOUT)
+        if result.ready.get("watchdog"):
+            wait_gone(int(result.ready["watchdog"]), CHILD_TIMEOUT)  # type: ignore[call-overload]
+        status, end_time = _status_in_store(db, str(result.ready["run_id"]))
+        return status, result.returncode, end_time
+
+    honest = True
+    try:
+        with ThreadPoolExecutor(max_workers=jobs + 1) as pool:  # +1: the server case's
+            dead_server = pool.submit(dead_server_case, zygote, directory, env, emit)
+            # The store's schema once, before the children race to create it.
+            zygote.run(["--task", "setup", uri], env, timeout=CHILD_TIMEOUT)
             futures = {
                 (path, lg): pool.submit(one, path, lg) for path in paths for lg in (False, True)
             }
-            rows = []
-            honest = True
-            for path in paths:
+            emit("  ".join(h.ljust(w) for h, w in zip(HEADERS, widths, strict=True)))
+            emit("  ".join("-" * w for w in widths))
+            for path in paths:  # in the table's order, each as soon as it is known
                 raw_status, raw_rc, _ = futures[(path, False)].result()
                 status, rc, end_time = futures[(path, True)].result()
                 expected = Outcome.from_wait_status(rc).status.value
                 # The truth, a real end time, and the very exit status raw MLflow had.
                 ok = status == expected and end_time is not None and rc == raw_rc
                 honest &= ok
-                label = paths[path][0] + (" [watchdog]" if path in DEATHS else "")
-                rows.append((label, raw_status, status, describe_exit(rc), ok))
+                row(labels[path], raw_status, status, rc, ok)
             raw_status, status, raw_rc, rc, true_end = dead_server.result()
             ok = status == "KILLED" and true_end and rc == raw_rc == -signal.SIGTERM
             honest &= ok
-            rows.append((DEAD_SERVER + " [journal]", raw_status, status, describe_exit(rc), ok))
-    headers = ("exit path", "raw MLflow", "with lifeguard", "exit code")
-    widths = [max(len(h), *(len(str(r[i])) for r in rows)) for i, h in enumerate(headers)]
-    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
-    out.write(line + "\n" + "  ".join("-" * w for w in widths) + "\n")
-    for row in rows:
-        cells = [str(c).ljust(w) for c, w in zip(row[:4], widths, strict=True)]
-        out.write("  ".join(cells) + ("" if row[4] else "  <- wrong") + "\n")
-    out.write(
+            row(last, raw_status, status, rc, ok)
+    finally:
+        zygote.close()
+    emit(
         "\nraw MLflow: its atexit hook writes FINISHED whatever happened, and a signal leaves the"
         "\nrun RUNNING forever. lifeguard: the status the exit code says, the same exit code;"
         "\n[watchdog]: with the sidecar on, which ends the runs of deaths that run no Python code"
         "\n(a main thread stuck in C is finalized in-process by a helper thread);"
         "\n[journal]: the status could not be written, so it was journaled and written once the"
-        "\nserver was back, with the signal's time as the end time.\n"
+        "\nserver was back, with the signal's time as the end time."
     )
-    return 0 if honest else 1
+    return honest
 
 
 if __name__ == "__main__":
     if len(sys.argv) >= 3 and sys.argv[1] == "--child":
         child_main(sys.argv[2], with_lifeguard="--with-lifeguard" in sys.argv[3:])
+    elif len(sys.argv) == 4 and sys.argv[1] == "--task":
+        task_main(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) == 3 and sys.argv[1] == "--zygote":
+        request = zygote_main(int(sys.argv[2]))
+        if not request:
+            raise SystemExit(0)
+        # A forked child: from here on, just as ``python -m lifeguard.demo --child PATH``.
+        if sys.argv[1] == "--child":
+            child_main(sys.argv[2], with_lifeguard="--with-lifeguard" in sys.argv[3:])
+        else:
+            task_main(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) == 4 and sys.argv[1] == "--reaper":
+        reaper_main(int(sys.argv[2]), sys.argv[3])
     else:
         raise SystemExit(main(sys.argv[1:]))

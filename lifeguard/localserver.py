@@ -2,20 +2,30 @@
 the tests: started on a free port, ready when uvicorn says it listens, killed outright on stop()
 (as a crashed or lost server would be), restartable on the same port and store.
 
+Nothing of it outlives the process that started it. `mlflow server` is a tree (the CLI, uvicorn,
+and with job execution on, a job runner and seven huey consumers), and killing the CLI alone
+orphans the rest. So the tree runs under a small guard, ``python -m lifeguard.localserver``:
+the guard leads a process group of its own, with the whole server tree in it, and watches its
+parent through a pidfd. When the parent dies, even by SIGKILL, the guard kills its group, itself
+included, in one ``killpg``. A pidfd and not PR_SET_PDEATHSIG, because the death signal follows
+the *thread* that forked: a server started from a worker thread would die with that thread.
+
 Imports nothing heavy: the server is a subprocess (``python -m mlflow server``).
 """
 
 from __future__ import annotations
 
 import os
+import select
 import signal
 import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["MlflowServer", "free_port"]
+__all__ = ["MlflowServer", "free_port", "guard_main"]
 
 READY_MARKER = "Uvicorn running on"
 START_TIMEOUT = 120.0
@@ -28,31 +38,51 @@ def free_port() -> int:
 
 
 class MlflowServer:
-    """`mlflow server` with a sqlite backend. Ready when uvicorn says it is listening."""
+    """`mlflow server` with a sqlite backend. Ready when uvicorn says it is listening.
 
-    def __init__(self, root: Path, port: int | None = None) -> None:
+    ``job_runner`` (off by default) starts MLflow's job execution: a job runner and seven huey
+    consumers, each importing mlflow. Nothing here uses jobs, and on two cores they cost more CPU
+    than the server itself. ``env`` adds variables to the server's environment (which otherwise
+    is ours without any ``MLFLOW_*``)."""
+
+    def __init__(
+        self,
+        root: Path,
+        port: int | None = None,
+        *,
+        job_runner: bool = False,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.root = root
         self.port = port or free_port()
         self.uri = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[str] | None = None
         self.log = root / "server.log"
+        self.job_runner = job_runner
+        self.extra_env = dict(env or {})
 
     def start(self) -> MlflowServer:
         self.root.mkdir(parents=True, exist_ok=True)
-        cmd = [
+        server = [
             sys.executable, "-m", "mlflow", "server",
             "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
             "--default-artifact-root", (self.root / "artifacts").as_uri(),
             "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
         ]  # fmt: skip
         env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+        env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "true" if self.job_runner else "false"
+        env.update(self.extra_env)
         self.proc = subprocess.Popen(
-            cmd,
+            [sys.executable, "-m", "lifeguard.localserver", str(os.getpid()), "--", *server],
+            stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
             env=env,
-            start_new_session=True,  # so that stop() can take its workers down with it
+            # The guard leads a new group, with the server tree in it: stop() and the guard
+            # itself kill the group in one call. A new session, too, so that a Ctrl-C or a
+            # hangup meant for our terminal's job does not stop the server under us.
+            start_new_session=True,
         )
         ready = threading.Event()
 
@@ -72,9 +102,59 @@ class MlflowServer:
             raise RuntimeError(f"mlflow server did not start: see {self.log}")
         return self
 
+    @property
+    def pgid(self) -> int | None:
+        """The process group of the guard and the whole server tree, while it runs."""
+        return None if self.proc is None else self.proc.pid
+
     def stop(self) -> None:
         """Kill the server outright, as a crashed or lost server would be."""
         if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             self.proc.wait(30)
         self.proc = None
+
+
+# -- the guard: python -m lifeguard.localserver PARENT_PID -- CMD [ARGS...] ----------------------
+
+
+def guard_main(argv: Sequence[str]) -> int:
+    """Run CMD in our process group until it exits or the process PARENT_PID dies, then kill
+    the whole group, ourselves included.
+
+    Started as the leader of a new group (``start_new_session=True``). CMD inherits our stdio."""
+    if len(argv) < 3 or argv[1] != "--":
+        sys.stderr.write("usage: python -m lifeguard.localserver PARENT_PID -- CMD [ARGS...]\n")
+        return 2
+    parent = int(argv[0])
+    try:
+        parent_fd = os.pidfd_open(parent)
+    except ProcessLookupError:
+        parent_fd = None
+    # Checked after opening the pidfd: if the parent died before it, we are already orphaned
+    # (and the pidfd, if any, is of a stranger that reused the pid).
+    if parent_fd is None or os.getppid() != parent:
+        os.killpg(0, signal.SIGKILL)
+        return 1  # not reached
+    # Whoever stops us stops the server: the group goes, us included.
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, lambda *_: os.killpg(0, signal.SIGKILL))
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.execvp(argv[2], list(argv[2:]))  # exec resets the handlers above to the default
+        finally:
+            os._exit(127)
+    child_fd = os.pidfd_open(pid)
+    select.select([parent_fd, child_fd], [], [])  # PEP 475: retried after our handlers
+    # The parent died (even by SIGKILL), or the server did, whose own children (uvicorn, the
+    # job runner) would otherwise outlive it: the whole tree goes, and us with it.
+    os.killpg(0, signal.SIGKILL)
+    return 1  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(guard_main(sys.argv[1:]))

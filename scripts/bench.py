@@ -13,6 +13,7 @@ alike. Goals (docs/design.md section 4):
   dead server               exit within the deadline (< 30 s); raw MLflow's end_run: 247 s
                             (measured in the same run, once: it takes about four minutes;
                             --no-raw-dead-server skips it)
+  demo                      `lifeguard demo` end to end < 20 s on a quiet 2-core machine
   sweep                     >= 500 RUNNING runs decided per second (scripts/bench_sweep.py
                             measures several sizes; here one, --sweep-size, default 4000)
 """
@@ -358,6 +359,20 @@ def bench_dead_server(rounds: int, raw: bool) -> dict[str, object]:
     return result
 
 
+def bench_demo(rounds: int) -> dict[str, object]:
+    """`lifeguard demo` end to end, as a newcomer runs it: wall time of the whole command. It
+    takes seconds, so a few rounds at most (the median of min(rounds, 3))."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "LIFEGUARD_"))}
+    walls = []
+    for _ in range(min(rounds, 3)):
+        start = time.perf_counter()
+        subprocess.run(
+            [PY, "-m", "lifeguard", "demo"], check=True, env=env, stdout=subprocess.DEVNULL
+        )
+        walls.append(time.perf_counter() - start)
+    return {"demo wall time (s)": statistics.median(walls), "rounds": len(walls)}
+
+
 def bench_sweep(size: int) -> dict[str, object]:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from bench_sweep import measure
@@ -421,6 +436,7 @@ TABLE: list[tuple[str, str, str, str, str | None, str]] = [
         "raw MLflow end_run: SIGTERM -> exit (s)",
         "< 30 s",
     ),
+    ("demo", "lifeguard demo, end to end (s)", "demo wall time (s)", "", None, "< 20 s"),
     ("sweep", "sweep: RUNNING runs decided per second", "decided per second", "", None, ">= 500/s"),
     ("sweep", "sweep: orphans ended per second", "ended per second", "", None, "-"),
 ]
@@ -460,7 +476,7 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument(
         "--only",
-        choices=["import", "install", "sigterm", "watchdog", "dead-server", "sweep"],
+        choices=["import", "install", "sigterm", "watchdog", "dead-server", "demo", "sweep"],
         action="append",
         help="run a subset",
     )
@@ -484,6 +500,7 @@ def main() -> int:
         "sigterm": bench_sigterm,
         "watchdog": bench_watchdog,
         "dead-server": lambda rounds: bench_dead_server(rounds, not args.no_raw_dead_server),
+        "demo": bench_demo,
         "sweep": lambda rounds: bench_sweep(args.sweep_size),
     }
     results = {}
