@@ -865,7 +865,7 @@ def _demo(directory: str, jobs: int) -> bool:
         "\nraw MLflow: its atexit hook writes FINISHED whatever happened, and a signal leaves the"
         "\nrun RUNNING forever. lifeguard: the status the exit code says, the same exit code;"
         "\n[watchdog]: with the sidecar on, which ends the runs of deaths that run no Python code"
-        "\n(a main thread stuck in C is finalized in-process by a helper thread);"
+        "\n(a main thread stuck in C is finalized in-process, as every SIGTERM is);"
         "\n[journal]: the status could not be written, so it was journaled and written once the"
         "\nserver was back, with the signal's time as the end time."
     )
