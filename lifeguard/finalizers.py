@@ -123,6 +123,13 @@ class Registry:
         with self._lock:
             return [h.name for h in self._handles]
 
+    def has_work(self) -> bool:
+        """Whether any registered finalizer would do something now (a built-in one for a
+        tracker the program never imported would not)."""
+        with self._lock:
+            handles = list(self._handles)
+        return any(_applies(h) for h in handles)
+
     def run_all(self, outcome: Outcome, deadline: float) -> list[Report]:
         """Run every registered finalizer once, newest first, within ``deadline`` seconds."""
         # Taking the whole list under the lock is what makes "at most once" hold even if two

@@ -128,7 +128,12 @@ class Lifecycle:
                 # process dies of that signal, not of this exit.
                 self.die_if_ending_by_signal()
                 if self.phase == Phase.INSTALLED:
-                    self.finalize(self.outcome or _unreported_outcome())
+                    if not self.registry.has_work():
+                        # Nothing to end (no tracker imported, no finalizer of the program's):
+                        # no outcome to build, and none of the imports that would cost.
+                        self._skip()
+                    else:
+                        self.finalize(self.outcome or _unreported_outcome())
         finally:
             self.keep_alive = None  # the program's own __del__ cleanups may run now
 
@@ -142,7 +147,8 @@ class Lifecycle:
         self.outcome = outcome
         reports: list[Report] = []
         try:
-            logger().debug("lifeguard: finalizing with %r", outcome)
+            if "logging" in sys.modules:  # never import logging just for this line
+                logger().debug("lifeguard: finalizing with %r", outcome)
             reports = self.registry.run_all(outcome, self.options.deadline)
             return reports
         finally:
@@ -154,6 +160,14 @@ class Lifecycle:
             self._finalized.release()
             if self.die_after is not None:
                 _die(self.die_after)
+
+    def _skip(self) -> None:
+        if not self._once.acquire(blocking=False):
+            return
+        self.phase = Phase.DONE
+        if self.channel is not None:
+            self.channel.send("done")
+        self._finalized.release()
 
     def uninstall(self) -> None:
         self.hooks.uninstall()

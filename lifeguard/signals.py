@@ -103,6 +103,14 @@ def _thread_name() -> str:
     return threading.current_thread().name
 
 
+def _main_thread_ident() -> int | None:
+    threading = sys.modules.get("threading")
+    if threading is None:
+        return None
+    ident: int | None = threading.main_thread().ident
+    return ident
+
+
 def _is_tracker(module: object) -> bool:
     if not isinstance(module, str):
         return False
@@ -129,6 +137,8 @@ class SignalWatch:
         self._parked = False
         # Set once the ender thread is started: the process is on its way to die of a signal.
         self.ending = False
+        # Set while the main thread waits at its park (the ender need not wait for it).
+        self.parked_now = False
 
     # -- install / uninstall -------------------------------------------------------------------
 
@@ -265,9 +275,32 @@ class SignalWatch:
         # 5 ms switch interval each time they hand it over for I/O.
         sys.setswitchinterval(0.0005)
         try:
+            self._wait_for_main_thread_to_leave_trackers()
             self._lifecycle.finalize(Outcome.signalled(signum, at=at))
         finally:
             die_from_any_thread(signum)
+
+    def _wait_for_main_thread_to_leave_trackers(self) -> None:
+        """Let the call into a tracking library that the signal interrupted finish first: its
+        write (and sqlite's lock) completes, and a run that ``start_run`` was creating is on its
+        stack by the time the finalizers look. Bounded: a main thread stuck in C inside such a
+        call (a hung request) is not waited for past a quarter of the deadline."""
+        main = _main_thread_ident()
+        if main is None:
+            return
+        give_up = time.monotonic() + min(1.0, self._lifecycle.options.deadline / 4)
+        while not self.parked_now and time.monotonic() < give_up:
+            frame = sys._current_frames().get(main)
+            inside = False
+            while frame is not None:
+                if _is_tracker(frame.f_globals.get("__name__")):
+                    inside = True
+                    break
+                frame = frame.f_back
+            del frame
+            if not inside:
+                return
+            time.sleep(0.001)
 
     # -- the Python-level handler (main thread) ------------------------------------------------
 
@@ -353,6 +386,7 @@ class SignalWatch:
                     and not caller.f_code.co_filename.startswith("<frozen")  # mid-import
                 ):
                     sys.setprofile(chained)
+                    self.parked_now = True
                     wait(timeout)
             if chained is not None:
                 return chained(frame, event, arg)  # type: ignore[arg-type]
