@@ -122,9 +122,7 @@ class Trial:
         return rng.uniform(*DELAY), rng.uniform(*SECOND_DELAY), rng.random() < 0.5
 
 
-def plan(
-    trials: int, seed: int, stores: Sequence[str], watchdogs: Sequence[bool]
-) -> list[Trial]:
+def plan(trials: int, seed: int, stores: Sequence[str], watchdogs: Sequence[bool]) -> list[Trial]:
     """``trials`` trials spread evenly over the cells (in a shuffled order, so that a short run
     still covers many), each with its own seed drawn from ``seed``."""
     rng = random.Random(seed)
@@ -211,6 +209,9 @@ class Result:
     exit_seconds: float | None = None  # first signal to exit
     returncode: int | None = None
     needed_replay: bool = False
+    # Lines lifeguard itself wrote to stderr (its logger's last-resort output): counted and
+    # shown, not judged here -- a warning when something went wrong is by design.
+    lifeguard_lines: list[str] = field(default_factory=list)
     workdir: str = ""
     runs: int = 0
 
@@ -312,11 +313,8 @@ def run_trial(ctx: Context, trial: Trial) -> Result:
     sig = signal.SIGINT if trial.signal == "SIGINT" else getattr(signal, trial.signal[:7])
     try:
         if not ready.wait(READY_TIMEOUT) or not events or events[0][0] != "READY":
-            alive = not wait_pidfd(pidfd, 0)
-            result.wrong.append(
-                f"no ready line ({'still alive after ' + str(READY_TIMEOUT) + 's' if alive else f'exited {proc.poll()}'})"
-                + _tail(b"".join(stderr_chunks))
-            )
+            how = f"exited {proc.poll()}" if wait_pidfd(pidfd, 0) else "hung"
+            result.wrong.append(f"no ready line ({how})" + _tail(b"".join(stderr_chunks)))
             return result
         info = events[0][1]
         if info.get("watchdog"):
@@ -365,7 +363,12 @@ def run_trial(ctx: Context, trial: Trial) -> Result:
             os.killpg(proc.pid, signal.SIGKILL)
 
         stderr = b"".join(stderr_chunks).decode(errors="replace")
+        (workdir / "stderr.txt").write_text(stderr)  # kept with the directory of a failure
+        (workdir / "events.json").write_text(json.dumps(events))
         result.wrong.extend(check_stderr(stderr, trial.signal))
+        result.lifeguard_lines = [
+            line.strip()[:200] for line in stderr.splitlines() if line.startswith("lifeguard")
+        ]
 
         window = (int(sent * 1000) - BEFORE_MS, int(exit_wall * 1000) + AFTER_MS)
         ended = {e["run_id"] for kind, e in events if kind == "ENDED"}
@@ -379,7 +382,7 @@ def run_trial(ctx: Context, trial: Trial) -> Result:
             if ctx.reaper.stopping.is_set():
                 result.wrong.append("not replayed: the harness is stopping")
                 return result
-            sweep_note = replay(uri, experiment, journal)
+            sweep_note = replay(uri, experiment, journal, workdir / "sweep.json")
             runs = read_runs(uri, experiment)
             after = check_runs(runs, window, ended, ending, trial.signal, replayed=True)
             if before and not after:
@@ -513,7 +516,9 @@ def check_runs(
             )
             continue
         if run.end_time is None or not window[0] <= run.end_time <= window[1]:
-            offset = "none" if run.end_time is None else f"{run.end_time - window[0] - BEFORE_MS:+d} ms"
+            offset = (
+                "none" if run.end_time is None else f"{run.end_time - window[0] - BEFORE_MS:+d} ms"
+            )
             wrong.append(
                 f"run {short}: end time {offset} from the signal, outside "
                 f"[-{BEFORE_MS} ms, exit + {AFTER_MS} ms]{after}"
@@ -524,8 +529,9 @@ def check_runs(
     return wrong
 
 
-def replay(uri: str, experiment: str, journal: Path) -> str:
-    """``lifeguard sweep`` as a user would run it after the fact; returns a note if it failed."""
+def replay(uri: str, experiment: str, journal: Path, output: Path) -> str:
+    """``lifeguard sweep`` as a user would run it after the fact (its report goes to
+    ``output``); returns a note if it failed."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LIFEGUARD_", "MLFLOW_"))}
     env["PYTHONWARNINGS"] = "ignore"
     cmd = [
@@ -538,6 +544,7 @@ def replay(uri: str, experiment: str, journal: Path) -> str:
         )
     except subprocess.TimeoutExpired:
         return f"(lifeguard sweep did not finish within {SWEEP_TIMEOUT:.0f}s)"
+    output.write_text(done.stdout + done.stderr)
     if done.returncode != 0:
         return f"(lifeguard sweep exited {done.returncode}: {done.stderr.strip()[-300:]})"
     return ""
@@ -551,20 +558,23 @@ def run_trials(
     *,
     jobs: int,
     root: Path,
+    server_uri: str | None = None,
     slow: float = SLOW,
     progress: bool = False,
 ) -> list[Result]:
-    """Run ``trials`` (``jobs`` at once) under ``root``; starts and stops the server if any
-    trial needs it. Every process started is killed on the way out, whatever happens."""
+    """Run ``trials`` (``jobs`` at once) under ``root``. Server trials use ``server_uri``, or a
+    server this starts and stops. Every process started is killed on the way out, whatever
+    happens."""
     from lifeguard.localserver import MlflowServer
 
     reaper = Reaper()
     server: MlflowServer | None = None
     results: list[Result] = []
     try:
-        if any(t.store == "server" for t in trials):
+        if server_uri is None and any(t.store == "server" for t in trials):
             server = MlflowServer(root / "server").start()
-        ctx = Context(root, reaper, server.uri if server else None, slow)
+            server_uri = server.uri
+        ctx = Context(root, reaper, server_uri, slow)
         ctx.make_template()
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             futures = [pool.submit(run_trial, ctx, t) for t in trials]
@@ -626,6 +636,13 @@ def report(results: Sequence[Result], out: Any = sys.stdout) -> int:
     needed = sum(r.needed_replay and r.ok for r in results)
     w(f"\n{len(results) - len(wrong)}/{len(results)} trials right; {len(wrong)} wrong; "
       f"{needed} right only after the journal replay\n")  # fmt: skip
+    noisy = [r for r in results if r.lifeguard_lines]
+    if noisy:
+        w(
+            f"{len(noisy)} trials had lines from lifeguard on stderr "
+            f"({sum(r.ok for r in noisy)} of them otherwise right), e.g.: "
+            f"{noisy[0].lifeguard_lines[0]}\n"
+        )
     times = [r.exit_seconds for r in results if r.exit_seconds is not None]
     if times:
         w(
@@ -649,6 +666,8 @@ def report(results: Sequence[Result], out: Any = sys.stdout) -> int:
             w(f"  {r.trial.spec}  rc={r.returncode}\n")
             for what in r.wrong:
                 w(f"      {what}\n")
+            for line in r.lifeguard_lines:
+                w(f"      stderr: {line}\n")
     return len(wrong)
 
 
