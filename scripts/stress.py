@@ -656,9 +656,9 @@ def report(results: Sequence[Result], out: Any = sys.stdout) -> int:
                 by_signal[f"{r.trial.cell[0]}/{r.trial.cell[1]}/{r.trial.signal}"].append(
                     r.exit_seconds
                 )
-        for key in sorted(by_signal):
-            ts = by_signal[key]
-            w(f"  {key:30} median {statistics.median(ts):.3f}  p90 {percentile(ts, 0.9):.3f}  "
+        for where in sorted(by_signal):
+            ts = by_signal[where]
+            w(f"  {where:30} median {statistics.median(ts):.3f}  p90 {percentile(ts, 0.9):.3f}  "
               f"max {max(ts):.3f}\n")  # fmt: skip
     if wrong:
         w("\nfailures (rerun one with: python scripts/stress.py --replay SPEC):\n")
