@@ -150,6 +150,8 @@ class Reaper:
     def add_group(self, pgid: int) -> None:
         with self._lock:
             self._groups.add(pgid)
+        if self.stopping.is_set():  # started while kill_all ran: it must not outlive the harness
+            self.kill_all()
 
     def drop_group(self, pgid: int) -> None:
         with self._lock:
@@ -158,6 +160,8 @@ class Reaper:
     def add_pidfd(self, fd: int) -> None:
         with self._lock:
             self._pidfds.add(fd)
+        if self.stopping.is_set():
+            self.kill_all()
 
     def drop_pidfd(self, fd: int) -> None:
         with self._lock:
@@ -572,7 +576,8 @@ def run_trials(
     results: list[Result] = []
     try:
         if server_uri is None and any(t.store == "server" for t in trials):
-            server = MlflowServer(root / "server").start()
+            server = MlflowServer(root / "server")  # assigned first: stopped even mid-start
+            server.start()
             server_uri = server.uri
         ctx = Context(root, reaper, server_uri, slow)
         ctx.make_template()
