@@ -12,7 +12,8 @@ finalization, and checks the contract (DESIGN.md section 1):
 
   - the process dies of that signal (SIGINT: -2, CPython's re-kill after KeyboardInterrupt);
   - it exits within --slow seconds of the last signal (finalization never waits on the
-    program's locks; a finalization that hits lifeguard's deadline shows up here);
+    program's locks; a finalization that hits lifeguard's deadline shows up here); within 10 s
+    for SIGINT, whose KeyboardInterrupt runs the program's own slow atexit work (SLOW_SIGINT);
   - every run the program started and had not ended itself reads KILLED with an end time
     between the signal and the exit; a run the program ended itself reads FINISHED;
   - stderr holds no traceback but the KeyboardInterrupt one that SIGINT prints without
@@ -79,6 +80,12 @@ WATCHDOG_TIMEOUT = 60.0
 SWEEP_TIMEOUT = 120.0
 # An exit slower than this after the last signal means finalization waited on something.
 SLOW = 5.0
+# SIGINT is different: the program's own atexit hooks run then (MLflow's end_run and its async
+# queue flush), and on sqlite MLflow's end_run may wait out sqlite's 5 s busy timeout on a lock
+# held by the very commit the KeyboardInterrupt broke. Without lifeguard that alone took 5.8-7.6 s
+# on a loaded 2-core machine (tests/children/stress_program.py --bare, log_metric and async). A
+# finalizer that runs into lifeguard's 10 s deadline still shows: its exit is past 10 s.
+SLOW_SIGINT = 10.0
 
 READY = "STRESS-READY"
 MARKER = re.compile(r"STRESS-(READY|START|ENDING|ENDED) (\{.*\})")
@@ -347,10 +354,11 @@ def run_trial(ctx: Context, trial: Trial) -> Result:
         result.returncode = returncode
         if exited:
             result.exit_seconds = exit_mono - sent_mono
-            if exit_mono - last_sent > ctx.slow:
+            slow = SLOW_SIGINT if trial.signal == "SIGINT" else ctx.slow
+            if exit_mono - last_sent > slow:
                 result.wrong.append(
                     f"slow exit: {exit_mono - last_sent:.2f}s after the last signal "
-                    f"(> {ctx.slow:g}s: finalization waited)"
+                    f"(> {slow:g}s: finalization waited)"
                 )
         if returncode != EXPECTED_DEATH[trial.signal]:
             result.wrong.append(
@@ -685,7 +693,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--watchdog", choices=["on", "off", "both"], default="both")
     parser.add_argument("--quick", action="store_true", help="40 trials: a smoke run")
     parser.add_argument(
-        "--slow", type=float, default=SLOW, help="an exit slower than this is wrong (s)"
+        "--slow",
+        type=float,
+        default=SLOW,
+        help="an exit slower than this after SIGTERM/SIGHUP is wrong (s; default %(default)s)",
     )
     parser.add_argument(
         "--replay",

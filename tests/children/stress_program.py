@@ -50,6 +50,7 @@ parser.add_argument("--scratch", required=True, help="a directory of the child's
 parser.add_argument("--seed", type=int, default=0)
 parser.add_argument("--watchdog", action="store_true", help="install(watchdog=True)")
 parser.add_argument("--mlflow-first", action="store_true", help="import mlflow before install()")
+parser.add_argument("--bare", action="store_true", help="without lifeguard: the baseline")
 
 
 def say(marker: str, **info: object) -> None:
@@ -93,9 +94,12 @@ def main() -> None:
     scratch.mkdir(parents=True, exist_ok=True)
     if args.mlflow_first:
         import mlflow
-    import lifeguard
+    watchdog = None
+    if not args.bare:
+        import lifeguard
 
-    lifeguard.install(watchdog=args.watchdog)
+        lifeguard.install(watchdog=args.watchdog)
+        watchdog = lifeguard.watchdog_pid()
     import mlflow
 
     log = logging.getLogger("stress")
@@ -179,7 +183,7 @@ def main() -> None:
         "print_logging": print_logging,
         "tracking": step_tracking,
     }
-    say("READY", run_id=top_id, pid=os.getpid(), watchdog=lifeguard.watchdog_pid())
+    say("READY", run_id=top_id, pid=os.getpid(), watchdog=watchdog)
     i = 0
     if args.workload == "mixed":
         choices = list(steps.values())
