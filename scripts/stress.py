@@ -63,6 +63,8 @@ from tests.children.stress_program import WORKLOADS  # noqa: E402
 
 SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGTERMx2")
 EXPECTED_DEATH = {"SIGTERM": -15, "SIGINT": -2, "SIGHUP": -1, "SIGTERMx2": -15}
+SIGNUMS = {"SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT, "SIGHUP": signal.SIGHUP,
+           "SIGTERMx2": signal.SIGTERM}  # fmt: skip
 STORES = ("sqlite", "server")
 
 # The random instant: after the ready line, inside the loop.
@@ -321,7 +323,7 @@ def run_trial(ctx: Context, trial: Trial) -> Result:
     ]
     for reader in readers:
         reader.start()
-    sig = signal.SIGINT if trial.signal == "SIGINT" else getattr(signal, trial.signal[:7])
+    sig = SIGNUMS[trial.signal]
     try:
         if not ready.wait(READY_TIMEOUT) or not events or events[0][0] != "READY":
             how = f"exited {proc.poll()}" if wait_pidfd(pidfd, 0) else "hung"
