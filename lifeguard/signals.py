@@ -111,6 +111,22 @@ def _main_thread_ident() -> int | None:
     return ident
 
 
+def _entering_from_outside(frame: FrameType) -> bool:
+    """Whether ``frame`` is a call into a tracking library from code outside every such call:
+    no tracker frame below it (a callback from SQLAlchemy or requests into MLflow is still
+    inside MLflow's write, locks held), and not the import system executing a module."""
+    caller = frame.f_back
+    if caller is None:
+        return False
+    while caller is not None:
+        if _is_tracker(caller.f_globals.get("__name__")) or caller.f_code.co_filename.startswith(
+            "<frozen importlib"
+        ):
+            return False
+        caller = caller.f_back
+    return True
+
+
 def _is_tracker(module: object) -> bool:
     if not isinstance(module, str):
         return False
@@ -378,16 +394,14 @@ class SignalWatch:
         timeout = self._lifecycle.options.deadline + 5.0
 
         def profile(frame: FrameType, event: str, arg: object) -> object:
-            if event == "call" and _is_tracker(frame.f_globals.get("__name__")):
-                caller = frame.f_back
-                if (
-                    caller is not None
-                    and not _is_tracker(caller.f_globals.get("__name__"))
-                    and not caller.f_code.co_filename.startswith("<frozen")  # mid-import
-                ):
-                    sys.setprofile(chained)
-                    self.parked_now = True
-                    wait(timeout)
+            if (
+                event == "call"
+                and _is_tracker(frame.f_globals.get("__name__"))
+                and _entering_from_outside(frame)
+            ):
+                sys.setprofile(chained)
+                self.parked_now = True
+                wait(timeout)
             if chained is not None:
                 return chained(frame, event, arg)  # type: ignore[arg-type]
             return None

@@ -9,6 +9,7 @@ held), so no timing luck is needed to hit the window.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -252,3 +253,111 @@ mlflow.end_run()
         [run_id] = result.ready["run_ids"]  # type: ignore[misc]
         assert store.status(run_id) == "FINISHED"
     assert results[0].stderr == results[1].stderr
+
+
+def test_sigterm_inside_start_run_ends_the_run_it_was_creating(store: Store) -> None:
+    """The signal arrives after the store created the run but before start_run put it on the
+    active-run stack: the ender waits for the main thread to leave MLflow, so the run is on the
+    stack when the finalizer looks."""
+    result = run(
+        program(
+            """
+engine = mlflow.tracking._tracking_service.utils._get_store().engine
+fired = []
+@sqlalchemy.event.listens_for(engine, "after_cursor_execute")
+def _(conn, cursor, statement, *rest):
+    if statement.lstrip().upper().startswith("INSERT INTO RUNS") and not fired:
+        fired.append(1)
+        os.kill(os.getpid(), signal.SIGTERM)
+demo.announce(run_ids=[run.info.run_id])
+sys.stdin.readline()  # the test has the ready line: now the nested start_run
+child = mlflow.start_run(nested=True)
+os.write(1, b"UNREACHED %s\\n" % child.info.run_id.encode())
+threading.Event().wait()
+"""
+        ),
+        store,
+    )
+    assert result.returncode == -signal.SIGTERM, result.stderr
+    runs = store.client.search_runs(["0"])
+    assert len(runs) == 2
+    assert {r.info.status for r in runs} == {"KILLED"}, result.stderr
+
+
+def test_a_forked_worker_ends_its_own_run(store: Store) -> None:
+    """A multiprocessing worker started with fork calls install() and starts its own run. Its
+    install() used to chain to the parent's handler, which saw a foreign pid and killed at once,
+    leaving the worker's run RUNNING. It ends KILLED; the parent's run is the parent's."""
+    result = run(
+        program(
+            """
+import multiprocessing
+def worker(conn):
+    lifeguard.install()
+    # MLflow's stacks are per thread and reset in a forked child: a fresh top-level run.
+    own = mlflow.start_run(run_name="worker")
+    conn.send((os.getpid(), own.info.run_id))
+    threading.Event().wait()
+parent_end, child_end = multiprocessing.Pipe()
+proc = multiprocessing.get_context("fork").Process(target=worker, args=(child_end,))
+proc.start()
+pid, worker_run = parent_end.recv()
+demo.announce(run_ids=[run.info.run_id, worker_run], worker=pid)
+proc.join()
+os.write(1, b"WORKER %d\\n" % proc.exitcode)
+threading.Event().wait()
+"""
+        ),
+        store,
+        after_ready=lambda ready: os.kill(int(ready["worker"]), signal.SIGTERM),  # type: ignore[call-overload]
+        on_line={"WORKER": signal.SIGTERM},
+    )
+    assert f"WORKER {-signal.SIGTERM}" in result.stdout, result.stdout + result.stderr
+    parent_run, worker_run = result.ready["run_ids"]  # type: ignore[misc]
+    assert store.status(worker_run) == "KILLED"
+    assert store.status(parent_run) == "KILLED"  # by the parent's own SIGTERM afterwards
+
+
+def test_a_pending_journal_entry_never_disturbs_the_program_s_import(store: Store) -> None:
+    """A pending entry (its server down) makes install() start a replay. It used to replay in a
+    thread that imported mlflow beside the program's own `import mlflow` (a _DeadlockError in 7
+    of 10 runs) and set MLflow's HTTP variables in the program's environment. 50 in a row: the
+    program imports mlflow and sees its environment as it was."""
+    journal = store.path.parent / "journal"
+    journal.mkdir(mode=0o700)
+    entry = journal / "0123456789abcdef0123456789abcdef.json"
+    entry.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "run_id": entry.stem,
+                "tracking_uri": "http://127.0.0.1:9",  # nothing listens there
+                "status": "KILLED",
+                "end_time": 1,
+                "tags": {},
+                "journaled_at": 1,
+                "pid": 999999999,  # long gone
+            }
+        )
+    )
+    entry.chmod(0o600)
+    code = textwrap.dedent(
+        """
+        import os, lifeguard
+        lifeguard.install()
+        import mlflow
+        from lifeguard import api
+        assert api.replay_pid is not None, "no replay was started"
+        print(sorted(k for k in os.environ if k.startswith("MLFLOW_HTTP")))
+        """
+    )
+    for attempt in range(50):
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            env=child_env(store),
+            capture_output=True,
+            text=True,
+            timeout=CHILD_TIMEOUT,
+        )
+        assert done.returncode == 0, f"attempt {attempt}: {done.stderr}"
+        assert done.stdout.strip() == "[]", done.stdout
