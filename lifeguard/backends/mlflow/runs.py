@@ -107,7 +107,7 @@ def apply(client: MlflowClient, entry: Entry, *, journal: Journal | None, write_
         _journal(journal, entry)
     try:
         # Never overwrite a run somebody already ended (the user, another guardian).
-        if client.get_run(entry.run_id).info.status != RUNNING:
+        if not _still_running(client, entry.run_id):
             result = ALREADY_ENDED
         else:
             client.log_batch(entry.run_id, tags=[RunTag(k, v) for k, v in entry.tags.items()])
@@ -129,6 +129,23 @@ def apply(client: MlflowClient, entry: Entry, *, journal: Journal | None, write_
     if journal is not None and entry.path is not None:
         journal.remove(entry)
     return result
+
+
+def _still_running(client: MlflowClient, run_id: str) -> bool:
+    """Whether the run's status is still RUNNING. On a SQL store, one SELECT of the run's row
+    (``get_run`` also loads its tags, params, metrics and inputs: four more queries, each
+    compiled the first time, on the path between a signal and the exit); elsewhere, and should
+    MLflow's internals move, ``get_run``."""
+    store = getattr(getattr(client, "_tracking_client", None), "store", None)
+    sessions = getattr(store, "ManagedSessionMaker", None)
+    get = getattr(store, "_get_run", None)
+    if sessions is not None and get is not None:
+        try:
+            with sessions() as session:
+                return bool(get(run_uuid=run_id, session=session).status == RUNNING)
+        except TypeError:  # another signature: the public way below
+            pass
+    return bool(client.get_run(run_id).info.status == RUNNING)
 
 
 def _set_terminated(client: MlflowClient, entry: Entry) -> None:
