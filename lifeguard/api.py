@@ -224,11 +224,30 @@ def finish(exit_code: int = 0, *, outcome: Outcome | None = None) -> list[Report
         raise TypeError(f"outcome must be a lifeguard.Outcome, not {type(outcome).__name__}")
     lifecycle = current()
     if lifecycle is not None and lifecycle.phase == Phase.INSTALLED:
-        return lifecycle.finalize(outcome)
+        reports = lifecycle.finalize(outcome)
+        _rearm(lifecycle)
+        return reports
     from lifeguard.options import DEFAULT_DEADLINE
 
     deadline = lifecycle.options.deadline if lifecycle is not None else DEFAULT_DEADLINE
     return _registry.run_all(outcome, deadline)
+
+
+def _rearm(lifecycle: Lifecycle) -> None:
+    """Runs started after finish() get owner tags, a heartbeat and an ending like any other:
+    the built-in finalizers are registered anew and the lifecycle is installed again."""
+    with _lock:
+        lifecycle.rearm()
+        if lifecycle.phase != Phase.INSTALLED:
+            return
+        for handle in _builtin_handles:
+            handle.unregister()
+        _builtin_handles.clear()
+        _register_builtins(lifecycle.options, lifecycle)
+        heartbeat = sys.modules.get("lifeguard.backends.mlflow.heartbeat")
+        if heartbeat is not None:
+            heartbeat.heartbeat.rearm()
+            heartbeat.start_for(lifecycle.options.heartbeat)
 
 
 def _ensure_fork_hook() -> None:

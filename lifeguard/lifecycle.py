@@ -161,6 +161,19 @@ class Lifecycle:
             if self.die_after is not None:
                 _die(self.die_after)
 
+    def rearm(self) -> None:
+        """After ``lifeguard.finish()``: the process lives on, and runs it starts from now on are
+        its own too. Installed again, for a new set of finalizers (each still runs once)."""
+        if self.phase != Phase.DONE or self.hooks.signals.ending:
+            return
+        self._once = _thread.allocate_lock()
+        self._finalized = _thread.allocate_lock()
+        self._finalized.acquire()
+        self.outcome = None
+        self.die_after = None
+        self.keep_alive = None
+        self.phase = Phase.INSTALLED
+
     def _skip(self) -> None:
         if not self._once.acquire(blocking=False):
             return

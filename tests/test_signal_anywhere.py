@@ -361,3 +361,26 @@ def test_a_pending_journal_entry_never_disturbs_the_program_s_import(store: Stor
         )
         assert done.returncode == 0, f"attempt {attempt}: {done.stderr}"
         assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_runs_started_after_finish_are_the_process_s_too(store: Store) -> None:
+    """lifeguard.finish() ends the training run; the evaluation run started after it gets owner
+    tags and, on SIGTERM, ends KILLED (it used to be left RUNNING, untagged)."""
+    result = run(
+        program(
+            """
+lifeguard.finish()
+evaluation = mlflow.start_run(run_name="evaluation")
+demo.announce(run_ids=[run.info.run_id, evaluation.info.run_id])
+while True:
+    mlflow.log_metric("accuracy", 0.9)
+"""
+        ),
+        store,
+        send=(signal.SIGTERM,),
+    )
+    assert result.returncode == -signal.SIGTERM, result.stderr
+    training, evaluation = result.ready["run_ids"]  # type: ignore[misc]
+    assert store.status(training) == "FINISHED"
+    assert store.status(evaluation) == "KILLED"
+    assert "lifeguard.owner.pid" in store.run(evaluation).data.tags

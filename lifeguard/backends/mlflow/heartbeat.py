@@ -62,6 +62,12 @@ class Heartbeat:
     def stop(self) -> None:
         self._stop.set()
 
+    def rearm(self) -> None:
+        """After ``lifeguard.finish()``: runs started later get beats again."""
+        self._stop.set()  # the old thread, if any, ends at its next wake-up
+        self._stop = threading.Event()
+        self._thread = None
+
     def _run(self) -> None:
         next_beat = time.monotonic() + self.interval
         while not self._stop.wait(min(ADOPT_EVERY, self.interval)):
