@@ -204,7 +204,7 @@ def _release_frames(outcome: Outcome) -> None:
 
 def _bounded_flush(fluent: object, budget: float | None) -> None:
     """Metrics queued by ``log_metric(..., synchronous=False)`` must land before the run ends,
-    but not at the price of the status: the flush gets a third of the time left, and what it
+    but not at the price of the status: the flush gets half of the time left, and what it
     could not send in that time is counted in the log."""
     import threading
 
@@ -223,7 +223,7 @@ def _bounded_flush(fluent: object, budget: float | None) -> None:
             done.set()
 
     threading.Thread(target=flush, name="lifeguard-mlflow-flush", daemon=True).start()
-    if done.wait(None if budget is None else budget / 3):
+    if done.wait(None if budget is None else budget / 2):
         return
     left = _queued(queue)
     logger().warning(
