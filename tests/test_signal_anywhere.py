@@ -318,10 +318,16 @@ threading.Event().wait()
     assert store.status(parent_run) == "KILLED"  # by the parent's own SIGTERM afterwards
 
 
+# The issue measured a failure in 7 of 10 runs; 30 in a row in the suite (each child and each
+# replayer it starts imports mlflow), 50 when LIFEGUARD_TEST_IMPORT_REPEAT=50 is set by hand.
+IMPORT_REPEAT = int(os.environ.get("LIFEGUARD_TEST_IMPORT_REPEAT", "30"))
+
+
+@pytest.mark.timeout(60 * IMPORT_REPEAT)
 def test_a_pending_journal_entry_never_disturbs_the_program_s_import(store: Store) -> None:
     """A pending entry (its server down) makes install() start a replay. It used to replay in a
     thread that imported mlflow beside the program's own `import mlflow` (a _DeadlockError in 7
-    of 10 runs) and set MLflow's HTTP variables in the program's environment. 50 in a row: the
+    of 10 runs) and set MLflow's HTTP variables in the program's environment. Many in a row: the
     program imports mlflow and sees its environment as it was."""
     journal = store.path.parent / "journal"
     journal.mkdir(mode=0o700)
@@ -351,7 +357,7 @@ def test_a_pending_journal_entry_never_disturbs_the_program_s_import(store: Stor
         print(sorted(k for k in os.environ if k.startswith("MLFLOW_HTTP")))
         """
     )
-    for attempt in range(50):
+    for attempt in range(IMPORT_REPEAT):
         done = subprocess.run(
             [sys.executable, "-c", code],
             env=child_env(store),

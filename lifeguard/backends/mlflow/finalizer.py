@@ -204,8 +204,8 @@ def _release_frames(outcome: Outcome) -> None:
 
 def _bounded_flush(fluent: object, budget: float | None) -> None:
     """Metrics queued by ``log_metric(..., synchronous=False)`` must land before the run ends,
-    but not at the price of the status: the flush gets half of the time left, and what it
-    could not send in that time is counted in the log."""
+    but not at the price of the status: the flush gets the time left but the last 2 s (half of it
+    at most), and what it could not send in that time is counted in the log."""
     import threading
 
     store = _store(fluent)
@@ -223,7 +223,8 @@ def _bounded_flush(fluent: object, budget: float | None) -> None:
             done.set()
 
     threading.Thread(target=flush, name="lifeguard-mlflow-flush", daemon=True).start()
-    if done.wait(None if budget is None else budget / 2):
+    # What is left after the flush must still write the statuses: up to 2 s of it is kept.
+    if done.wait(None if budget is None else budget - min(2.0, budget / 2)):
         return
     left = _queued(queue)
     logger().warning(
