@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -45,9 +46,9 @@ def test_a_live_owner_on_this_host_is_never_ended() -> None:
     from lifeguard.owner import Owner
 
     me = Owner.current()
-    # Even with a heartbeat a day old: the process is alive, so the run may be.
-    d = decide(facts(owner_tags(me.host, me.pid, me.start_time, 0)), now_ms=24 * HOUR_MS,
-               stale_after=60)  # fmt: skip
+    # Even with a heartbeat a day old and unchanged for a day: the process is alive.
+    d = decide(facts({**me.tags(), "lifeguard.heartbeat": "0"}), now_ms=24 * HOUR_MS,
+               stale_after=60, quiet_for=86400)  # fmt: skip
     assert d.verdict == "alive"
 
 
@@ -55,20 +56,92 @@ def test_a_reused_pid_does_not_keep_an_orphan_alive() -> None:
     from lifeguard.owner import Owner
 
     me = Owner.current()
-    d = decide(facts(owner_tags(me.host, me.pid, me.start_time - 3600, 5_000)), now_ms=10_000,
+    earlier = Owner(me.host, me.pid, me.start_time - 3600, me.boot_id, me.pid_ns)
+    d = decide(facts({**earlier.tags(), "lifeguard.heartbeat": "5000"}), now_ms=10_000,
                stale_after=60)  # fmt: skip
     assert d.verdict == END and d.end_time == 5_000
 
 
 def test_other_hosts_are_judged_by_their_heartbeat() -> None:
     fresh = decide(facts(owner_tags("far", 1, 1.0, 9_000)), now_ms=10_000, stale_after=60)
-    stale = decide(facts(owner_tags("far", 1, 1.0, 1_000)), now_ms=HOUR_MS, stale_after=60)
-    silent = decide(facts(owner_tags("far", 1, 1.0, None)), now_ms=HOUR_MS, stale_after=60)
-    late_metric = decide(facts(owner_tags("far", 1, 1.0, 1_000), metric=HOUR_MS - 5_000),
-                         now_ms=HOUR_MS, stale_after=60)  # fmt: skip
+    stale = decide(facts(owner_tags("far", 1, 1.0, 1_000)), now_ms=10_000, stale_after=60,
+                   quiet_for=61)  # fmt: skip
+    silent = decide(facts(owner_tags("far", 1, 1.0, None)), now_ms=HOUR_MS, stale_after=60,
+                    quiet_for=3600)  # fmt: skip
     assert (fresh.verdict, stale.verdict, silent.verdict) == ("alive", END, "skip")
     assert stale.end_time == 1_000  # the last heartbeat, not the sweep's time
-    assert late_metric.verdict == "alive"  # a metric after the last beat is a sign of life
+
+
+def test_the_writers_clock_is_never_compared_with_the_sweepers() -> None:
+    # A beat an hour "old" or an hour "in the future" says nothing: only how long the sweeper
+    # has seen it unchanged does.
+    for beat in (-HOUR_MS, 2 * HOUR_MS):
+        d = decide(facts(owner_tags("far", 1, 1.0, beat)), now_ms=HOUR_MS, stale_after=60)
+        assert d.verdict == "alive", d
+
+
+@pytest.mark.parametrize(
+    "mismatch",
+    ["no boot id or namespace (an earlier lifeguard)", "another PID namespace", "another boot"],
+)
+def test_same_hostname_is_not_same_host(mismatch: str) -> None:
+    """A container sharing the host's hostname (pid 1 in its own PID namespace), a reboot, an
+    older tag: the pid cannot be checked from here, so only the heartbeat can end the run."""
+    from lifeguard.owner import Owner
+
+    me = Owner.current()
+    boot, ns = me.boot_id, me.pid_ns
+    if mismatch.startswith("no boot"):
+        boot = ns = None
+    elif mismatch == "another PID namespace":
+        ns = "4026539999"
+    else:
+        boot = "00000000-0000-0000-0000-000000000000"
+    tags = {**Owner(me.host, 1, 1.0, boot, ns).tags(), "lifeguard.heartbeat": "1000"}
+    young = decide(facts(tags), now_ms=HOUR_MS, stale_after=60, quiet_for=30)
+    assert young.verdict == "alive" and "gone" not in young.reason
+    old = decide(facts(tags), now_ms=HOUR_MS, stale_after=60, quiet_for=61)
+    assert old.verdict == END and "lost" in old.reason
+
+
+def test_sightings_measure_on_the_sweepers_clock(tmp_path: Path) -> None:
+    from lifeguard.sweep import Sightings
+
+    journal = str(tmp_path / "journal")
+    run = facts(owner_tags("far", 1, 1.0, 5_000))
+    first = Sightings(journal, "http://u:pw@h").load()
+    assert first.quiet_for(run) == 0.0
+    first.save(["0"])
+    assert "pw" not in (tmp_path / "journal" / "sweep.state").read_text()
+    assert stat.S_IMODE((tmp_path / "journal" / "sweep.state").stat().st_mode) == 0o600
+
+    later = Sightings(journal, "http://u:pw@h").load()
+    assert later.up is not None and first.up is not None
+    later.up = first.up + 100  # 100 s later, on the boot clock; the wall clock says nothing
+    later.wall_ms = first.wall_ms - HOUR_MS
+    assert later.quiet_for(run) == pytest.approx(100)
+    # A new beat, or a new metric after the last beat, restarts the count.
+    assert later.quiet_for(facts(owner_tags("far", 1, 1.0, 6_000))) == 0.0
+    assert later.quiet_for(facts(owner_tags("far", 1, 1.0, 5_000), metric=7_000)) == 0.0
+    # Another server's runs are another matter.
+    assert Sightings(journal, "http://elsewhere").load().quiet_for(run) == 0.0
+
+
+def test_sightings_forget_runs_no_longer_running(tmp_path: Path) -> None:
+    from lifeguard.sweep import Sightings
+
+    journal = str(tmp_path / "journal")
+    a, b = RunFacts("a", "0", 1, owner_tags("far", 1, 1.0, 5)), RunFacts("b", "1", 1, {})
+    first = Sightings(journal, "http://h").load()
+    first.quiet_for(a), first.quiet_for(b)
+    first.save(["0", "1"])
+    second = Sightings(journal, "http://h").load()
+    second.quiet_for(a)
+    second.save(["0"])  # b's experiment was not swept: b is kept
+    third = Sightings(journal, "http://h").load()
+    third.save(["0", "1"])  # neither seen RUNNING: both forgotten
+    text = (tmp_path / "journal" / "sweep.state").read_text()
+    assert json.loads(text)["servers"]["http://h"] == {}
 
 
 def test_untagged_runs_need_an_explicit_opt_in() -> None:
