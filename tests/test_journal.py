@@ -123,23 +123,31 @@ def needs_root() -> None:
         pytest.skip("giving a file to another uid needs root")
 
 
-def planted_json(run_id: str) -> str:
+RUN = "e" * 32
+
+
+def planted_json(run_id: str = RUN) -> str:
     return entry(run_id, uri="http://127.0.0.1:9").to_json()
 
 
-def plant_other_owner_dir(journal: Path) -> str:
+# Each plants ``content`` as the entry ``<run_id>.json`` in an existing 0700 journal directory,
+# in a way the journal must refuse, and returns the path that the refusal must name.
+Plant = Callable[[Path, str, str], str]
+
+
+def plant_other_owner_dir(journal: Path, run_id: str, content: str) -> str:
     needs_root()
-    path = journal / ("e" * 32 + ".json")
-    path.write_text(planted_json("e" * 32))
+    path = journal / f"{run_id}.json"
+    path.write_text(content)
     path.chmod(0o600)
     os.chown(journal, OTHER_UID, OTHER_UID)
     return str(journal)
 
 
-def plant_loose_dir(mode: int) -> Callable[[Path], str]:
-    def plant(journal: Path) -> str:
-        path = journal / ("e" * 32 + ".json")
-        path.write_text(planted_json("e" * 32))
+def plant_loose_dir(mode: int) -> Plant:
+    def plant(journal: Path, run_id: str, content: str) -> str:
+        path = journal / f"{run_id}.json"
+        path.write_text(content)
         path.chmod(0o600)
         journal.chmod(mode)
         return str(journal)
@@ -147,42 +155,43 @@ def plant_loose_dir(mode: int) -> Callable[[Path], str]:
     return plant
 
 
-def plant_fifo(journal: Path) -> str:
-    path = journal / ("e" * 32 + ".json")
+def plant_fifo(journal: Path, run_id: str, content: str) -> str:
+    path = journal / f"{run_id}.json"
     os.mkfifo(path, 0o600)
     return str(path)
 
 
-def plant_dev_zero(journal: Path) -> str:
-    path = journal / ("e" * 32 + ".json")
+def plant_dev_zero(journal: Path, run_id: str, content: str) -> str:
+    path = journal / f"{run_id}.json"
     path.symlink_to("/dev/zero")
     return str(path)
 
 
-def plant_huge(journal: Path) -> str:
-    path = journal / ("e" * 32 + ".json")
+def plant_huge(journal: Path, run_id: str, content: str) -> str:
+    path = journal / f"{run_id}.json"
+    path.write_text(content)
     subprocess.run(["truncate", "-s", "300M", str(path)], check=True, timeout=30)
     path.chmod(0o600)
     return str(path)
 
 
-def plant_other_owner_file(journal: Path) -> str:
+def plant_other_owner_file(journal: Path, run_id: str, content: str) -> str:
     needs_root()
-    path = journal / ("e" * 32 + ".json")
-    path.write_text(planted_json("e" * 32))
+    path = journal / f"{run_id}.json"
+    path.write_text(content)
     path.chmod(0o600)
     os.chown(path, OTHER_UID, OTHER_UID)
     return str(path)
 
 
-def plant_loose_file(journal: Path) -> str:
-    path = journal / ("e" * 32 + ".json")
-    path.write_text(planted_json("e" * 32))
+def plant_loose_file(journal: Path, run_id: str, content: str) -> str:
+    path = journal / f"{run_id}.json"
+    path.write_text(content)
     path.chmod(0o644)
     return str(path)
 
 
-PLANTS: dict[str, Callable[[Path], str]] = {
+PLANTS: dict[str, Plant] = {
     "directory of another uid": plant_other_owner_dir,
     "group-writable directory": plant_loose_dir(0o770),
     "world-writable directory": plant_loose_dir(0o777),
@@ -201,7 +210,7 @@ def test_only_the_users_own_private_files_are_read(
 ) -> None:
     journal_dir = tmp_path / "journal"
     journal_dir.mkdir(mode=0o700)
-    named = PLANTS[kind](journal_dir)
+    named = PLANTS[kind](journal_dir, RUN, planted_json())
     journal = Journal(str(journal_dir))
     started = time.monotonic()
     assert list(journal.entries()) == []  # nothing planted is ever an entry

@@ -10,7 +10,7 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -176,23 +176,28 @@ def server(tmp_path: Path) -> Iterator[MlflowServer]:
     srv.stop()
 
 
-def run_sweep(uri: str, *args: str, journal: Path) -> subprocess.CompletedProcess[str]:
+def run_sweep(
+    uri: str, *args: str, journal: Path, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "lifeguard", "sweep", "--tracking-uri", uri, "--json",
          "--timeout", "5", "--journal-dir", str(journal), *args],
-        capture_output=True, text=True, timeout=300,
-        env={k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")},
+        capture_output=True, text=True, timeout=timeout,
+        env=env or {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")},
     )  # fmt: skip
 
 
 class Program:
-    """A program under lifeguard (no watchdog) with one run on the server, held at stdin."""
+    """A program under lifeguard (no watchdog) with one run on the server, held at stdin.
+    ``prefix`` runs it (default: this Python); ``env`` adds to its environment."""
 
-    def __init__(self, store: Store, uri: str) -> None:
+    def __init__(
+        self, store: Store, uri: str, prefix: Sequence[str] = (sys.executable,), **env: str
+    ) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, str(CHILDREN / "program.py"), "--path", "SIGTERM"],
+            [*prefix, str(CHILDREN / "program.py"), "--path", "SIGTERM"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env=child_env(store, MLFLOW_TRACKING_URI=uri), start_new_session=True,
+            env=child_env(store, MLFLOW_TRACKING_URI=uri, **env), start_new_session=True,
         )  # fmt: skip
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
@@ -207,6 +212,11 @@ class Program:
         assert self.proc.stdin is not None
         self.proc.stdin.close()
         return self.proc.wait(60)
+
+    def output(self) -> tuple[str, str]:
+        """stdout after the ready line, and stderr (once the program has ended)."""
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        return self.proc.stdout.read(), self.proc.stderr.read()
 
 
 @pytest.mark.slow
@@ -238,26 +248,46 @@ def test_sweep_ends_orphans_and_nothing_else(
 
     proxy = FaultProxy(server.port)
     journal = tmp_path / "journal"
+    stale = ("--stale-after", "3s")
+
+    def beat_far() -> None:  # a live writer elsewhere: its heartbeat moves between sweeps
+        client.set_tag(far.info.run_id, "lifeguard.heartbeat", str(int(time.time() * 1000)))
+
     try:
-        # A dry run decides and writes nothing.
-        dry = run_sweep(proxy.uri, "--dry-run", journal=journal)
+        # A dry run decides and writes nothing to the server. Remote heartbeats are judged by
+        # how long this sweeper has seen them unchanged: the first sighting ends nothing.
+        dry = run_sweep(proxy.uri, "--dry-run", *stale, journal=journal)
         assert dry.returncode == 0, dry.stderr
         verdicts = {d["run_id"]: d["verdict"] for d in json.loads(dry.stdout)["decisions"]}
-        assert verdicts[ids["dead"]] == verdicts[ids["lost"]] == "end"
-        assert verdicts[ids["alive"]] == verdicts[ids["far"]] == "alive"
+        assert verdicts[ids["dead"]] == "end"
+        assert verdicts[ids["alive"]] == verdicts[ids["far"]] == verdicts[ids["lost"]] == "alive"
         assert verdicts[ids["silent"]] == verdicts[ids["old_untagged"]] == "skip"
+        assert set(statuses().values()) == {"RUNNING"}
+
+        # Sweep after sweep, the lost run's heartbeat stays put: after 3 s it is judged lost,
+        # while the beating one never is.
+        deadline = time.monotonic() + 180
+        while verdicts[ids["lost"]] != "end":
+            assert time.monotonic() < deadline, "the lost run was never judged lost"
+            beat_far()
+            dry = run_sweep(proxy.uri, "--dry-run", *stale, journal=journal)
+            assert dry.returncode == 0, dry.stderr
+            verdicts = {d["run_id"]: d["verdict"] for d in json.loads(dry.stdout)["decisions"]}
+            assert verdicts[ids["far"]] == "alive"
         assert set(statuses().values()) == {"RUNNING"}
 
         # The server dies after the reads and one write: the sweep fails, loudly, part-way.
         proxy.requests, proxy.fail_after = 0, 3
-        broken = run_sweep(proxy.uri, journal=journal)
+        beat_far()
+        broken = run_sweep(proxy.uri, *stale, journal=journal)
         assert broken.returncode == 1
         assert "could not be ended" in broken.stderr
         assert list(statuses().values()).count("KILLED") <= 1
 
         # Back up: the next sweep finishes the job, with the same decisions.
         proxy.mode, proxy.fail_after = "pass", None
-        second = run_sweep(proxy.uri, journal=journal)
+        beat_far()
+        second = run_sweep(proxy.uri, *stale, journal=journal)
         assert second.returncode == 0, second.stderr
         assert statuses() == {
             "dead": "KILLED", "alive": "RUNNING", "lost": "KILLED", "far": "RUNNING",
@@ -275,7 +305,9 @@ def test_sweep_ends_orphans_and_nothing_else(
         assert client.get_run(ids["lost"]).info.end_time == now - HOUR_MS
 
         # Untagged runs only on request, and only the old one.
-        opted = run_sweep(proxy.uri, "--include-untagged", "--older-than", "1d", journal=journal)
+        beat_far()
+        opted = run_sweep(proxy.uri, "--include-untagged", "--older-than", "1d", *stale,
+                          journal=journal)  # fmt: skip
         assert opted.returncode == 0, opted.stderr
         assert client.get_run(ids["old_untagged"]).info.status == "KILLED"
         assert client.get_run(ids["old_untagged"]).info.end_time == now - 3 * 24 * HOUR_MS
