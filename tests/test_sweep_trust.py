@@ -226,8 +226,9 @@ def test_skewed_clocks_neither_end_a_live_run_nor_keep_a_dead_one(
     }
     ready = time.monotonic()
     for skew, program in programs.items():  # the heartbeats really carry the skewed clocks
-        beat = int(client.get_run(program.run_id).data.tags["lifeguard.heartbeat"])
-        assert abs(beat / 1000 - time.time() - skew) < 300
+        tags = client.get_run(program.run_id).data.tags
+        assert abs(int(tags["lifeguard.heartbeat"]) / 1000 - time.time() - skew) < 300
+        assert tags["lifeguard.owner.host"] == f"skewed{skew:+d}"  # a host elsewhere
     run_ids = [p.run_id for p in programs.values()]
 
     sweeps = Sweeps(server.uri, tmp_path / "journal")
