@@ -230,8 +230,11 @@ class Journal:
         return self.directory
 
     def has_entries(self) -> bool:
-        """Cheap enough for install(): one directory listing, nothing parsed."""
+        """Cheap enough for install(): one lstat and one directory listing, nothing parsed.
+        A directory that is not private has nothing to replay (``lifeguard sweep`` says why)."""
         try:
+            if untrusted_directory(self.directory) is not None:
+                return False
             return any(name.endswith(SUFFIX) for name in os.listdir(self.directory))
         except OSError:
             return False
