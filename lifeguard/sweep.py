@@ -49,7 +49,6 @@ __all__ = [
     "Decision",
     "RunFacts",
     "Sightings",
-    "SweepStateError",
     "check_tracking_uri",
     "decide",
     "parse_duration",
@@ -247,10 +246,6 @@ STATE_VERSION = 1
 MAX_STATE_BYTES = 16 * 1024 * 1024  # ~100k runs
 
 
-class SweepStateError(RuntimeError):
-    """The state directory is not private to the current user: nothing can be judged by it."""
-
-
 def _uptime() -> float | None:
     clock = getattr(time, "CLOCK_BOOTTIME", None)
     return time.clock_gettime(clock) if clock is not None else None
@@ -272,13 +267,22 @@ class Sightings:
         self.up = _uptime()
         self._data: dict[str, dict[str, dict[str, object]]] = {}
         self._seen: dict[str, dict[str, object]] = {}
+        # In a directory that is not private, nothing is read or written: every remote run is
+        # seen for the first time, so none is ended (the journal refuses that directory too).
+        self.untrusted = False
 
     def load(self) -> Sightings:
         from lifeguard.guardian.journal import Untrusted, read_private, untrusted_directory
 
         why = untrusted_directory(self.directory)
         if why is not None:
-            raise SweepStateError(f"refusing state directory {self.directory}: it {why}")
+            logger().error(
+                "lifeguard: refusing sweep state in %s: it %s; no remote run can be judged lost",
+                self.directory,
+                why,
+            )
+            self.untrusted = True
+            return self
         try:
             import json
 
@@ -322,6 +326,8 @@ class Sightings:
 
         from lifeguard.guardian.journal import Journal
 
+        if self.untrusted:
+            return
         swept = set(swept_experiments)
         kept = {
             run_id: seen

@@ -233,3 +233,49 @@ def test_a_symlink_is_renamed_never_its_target(tmp_path: Path) -> None:
     assert list(Journal(str(journal_dir)).entries()) == []
     assert target.read_text() == "not a journal entry"
     assert os.path.islink(str(link) + ".refused")
+
+
+# -- one redaction for URIs and free text -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "redacted"),
+    [
+        (
+            "API request to http://alice:pa55@h:5000/api/2.0/x failed",
+            "API request to http://h:5000/api/2.0/x failed",
+        ),
+        ("['https://u:p@a.b/c', 'x']", "['https://a.b/c', 'x']"),
+        ("denied: Authorization: Bearer abc.DEF-123", "denied: Authorization: Bearer ***"),
+        ("Authorization: Basic YWxpY2U6cGE1NQ==", "Authorization: Basic ***"),
+        ("https://h/x?token=s3cr3t&run=1", "https://h/x?token=***&run=1"),
+        ('{"password": "hunter22"}', '{"password": "***"}'),
+        ("nothing to hide at http://h:5000", "nothing to hide at http://h:5000"),
+    ],
+)
+def test_free_text_loses_its_credentials(text: str, redacted: str) -> None:
+    from lifeguard.redact import redact
+
+    assert redact(text) == redacted
+
+
+def test_secret_environment_values_are_masked_anywhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lifeguard.redact import redact, remember_uri
+
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", "tok-123456")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "envpw-98765")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://bob:uripw%40x@h")
+    remember_uri("http://carol:flagpw-555@h")
+    text = redact("got tok-123456, envpw-98765, uripw@x, uripw%40x and flagpw-555 back")
+    assert text == "got ***, ***, ***, *** and *** back"
+
+
+def test_every_lifeguard_log_record_is_redacted(caplog: pytest.LogCaptureFixture) -> None:
+    from lifeguard._log import logger
+
+    try:
+        raise RuntimeError("cannot reach http://alice:pa55@h/api")
+    except RuntimeError as exc:
+        logger().error("lifeguard: write to %s failed: %s", "https://u:pw@h", exc, exc_info=True)
+    assert "pa55" not in caplog.text and ":pw@" not in caplog.text
+    assert "write to https://h failed: cannot reach http://h/api" in caplog.text

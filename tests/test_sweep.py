@@ -346,3 +346,19 @@ def test_sweep_takes_the_server_from_the_environment(server: MlflowServer) -> No
     )  # fmt: skip
     assert found.returncode == 0, found.stderr
     assert json.loads(found.stdout)["tracking_uri"] == server.uri
+
+
+def test_sightings_in_a_directory_not_ours_count_for_nothing(tmp_path: Path) -> None:
+    """Planted sightings could make a live run look silent for days: they are never read."""
+    from lifeguard.sweep import Sightings
+
+    journal = tmp_path / "journal"
+    run = facts(owner_tags("far", 1, 1.0, 5_000))
+    mine = Sightings(str(journal), "http://h").load()
+    mine.wall_ms, mine.up = 0, 0.0  # "first seen" at the dawn of time
+    mine.quiet_for(run)
+    mine.save(["0"])
+    assert Sightings(str(journal), "http://h").load().quiet_for(run) > 3600  # trusted: read
+    journal.chmod(0o777)
+    planted = Sightings(str(journal), "http://h").load()
+    assert planted.untrusted and planted.quiet_for(run) == 0.0

@@ -303,7 +303,7 @@ def test_a_planted_journal_entry_is_never_replayed(
         )  # fmt: skip
         assert time.monotonic() - started < 120
         assert swept.returncode == 1, swept.stderr
-        [line] = [x for x in swept.stderr.splitlines() if "refusing" in x]
+        [line] = [x for x in swept.stderr.splitlines() if "refusing journal" in x]
         assert named in line
         assert not [r for r in recorder.requests if victim in r[1] or victim.encode() in r[3]]
         run = client.get_run(victim)

@@ -30,7 +30,7 @@ from lifeguard.backends.mlflow_runs import (
 from lifeguard.guardian.journal import Journal
 from lifeguard.owner import Owner
 from lifeguard.redact import redact, redact_uri
-from lifeguard.sweep import END, Decision, RunFacts, Sightings, SweepStateError, decide
+from lifeguard.sweep import END, Decision, RunFacts, Sightings, decide
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -93,10 +93,7 @@ def sweep(
     report = SweepReport()
     journal = Journal(journal_dir)
     shown_uri = redact_uri(tracking_uri)
-    try:
-        sightings = Sightings(journal.directory, tracking_uri).load()
-    except SweepStateError as exc:
-        raise SweepError(str(exc)) from None
+    sightings = Sightings(journal.directory, tracking_uri).load()
     client = MlflowClient(tracking_uri=tracking_uri)
     with _bounded_retries(timeout):
         if not dry_run:
