@@ -220,6 +220,7 @@ class Program:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # a dozen sweeps, each a Python that imports mlflow, on a busy machine
 def test_sweep_ends_orphans_and_nothing_else(
     server: MlflowServer, store: Store, tmp_path: Path
 ) -> None:
