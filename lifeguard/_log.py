@@ -2,6 +2,9 @@
 
 ``logging`` costs ~3.5 ms to import, most of lifeguard's import budget, and lifeguard only logs
 when something goes wrong at exit. So the module is imported on first use, not at import time.
+
+Every record of this logger is redacted (``lifeguard.redact``) before any handler sees it: the
+messages carry tracking URIs and servers' error texts, which may hold passwords and tokens.
 """
 
 from __future__ import annotations
@@ -12,8 +15,34 @@ if TYPE_CHECKING:
 
 LOGGER_NAME = "lifeguard"
 
+_filtered = False
+
 
 def logger() -> logging.Logger:
     import logging
 
-    return logging.getLogger(LOGGER_NAME)
+    global _filtered
+    log = logging.getLogger(LOGGER_NAME)
+    if not _filtered:
+        log.addFilter(_redact_record)
+        _filtered = True
+    return log
+
+
+def _redact_record(record: logging.LogRecord) -> bool:
+    import logging
+
+    from lifeguard.redact import redact
+
+    try:
+        message = record.getMessage()
+    except Exception:  # noqa: BLE001 - a bad format string: logging reports it itself
+        return True
+    record.msg = redact(message)
+    record.args = None
+    if record.exc_info and not record.exc_text:
+        # Handlers format exc_text when it is empty; filled here, it is used as it is.
+        record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
+    if record.stack_info:
+        record.stack_info = redact(record.stack_info)
+    return True

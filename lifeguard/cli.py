@@ -31,6 +31,26 @@ def _seconds_option(option: str) -> Callable[[str], float]:
     return parse
 
 
+# Bounds of `lifeguard sweep`'s numbers: beyond them a value is a typo, and a huge timeout is
+# accepted by nothing downstream (MLflow's HTTP client then fails every call).
+MAX_TIMEOUT = 3600.0
+MAX_WORKERS = 256
+
+
+# More than 0 and at most MAX_TIMEOUT, install()'s own range for seconds.
+_timeout = _seconds_option("--timeout")
+
+
+def _workers(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 1 <= value <= MAX_WORKERS:
+        raise argparse.ArgumentTypeError(f"must be 1 to {MAX_WORKERS}: {text!r}")
+    return value
+
+
 def _duration(text: str) -> float:
     from lifeguard.sweep import parse_duration
 
@@ -132,15 +152,18 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--dry-run", action="store_true", help="decide and report; write nothing")
     sweep.add_argument("--json", action="store_true", help="print the result as JSON")
     sweep.add_argument(
-        "--workers", type=int, default=8, help="runs ended at once (default: %(default)s)"
-    )
+        "--workers", type=_workers, default=8,
+        help=f"runs ended at once, 1 to {MAX_WORKERS} (default: %(default)s)",
+    )  # fmt: skip
     sweep.add_argument(
-        "--timeout",
-        type=_seconds_option("--timeout"),
-        default=30.0,
-        help="per-request timeout in seconds, at most 3600 (default: 30)",
+        "--timeout", type=_timeout, default=30.0,
+        help=f"per-request timeout in seconds, at most {MAX_TIMEOUT:.0f} (default: 30)",
+    )  # fmt: skip
+    sweep.add_argument(
+        "--journal-dir",
+        help="journal directory, which also keeps the sweep's own observations "
+        "(default: the user's cache)",
     )
-    sweep.add_argument("--journal-dir", help="journal directory (default: the user's cache)")
     return parser
 
 
@@ -214,11 +237,20 @@ def _supervise(cmd: list[str], deadline: float | None) -> int:
 def _sweep(args: argparse.Namespace) -> int:
     import json
 
+    from lifeguard.redact import redact, redact_uri, remember_uri
+    from lifeguard.sweep import check_tracking_uri
+
     if not args.tracking_uri:
         sys.stderr.write(
             "lifeguard sweep: no tracking server: pass --tracking-uri URI "
             "or set MLFLOW_TRACKING_URI\n"
         )
+        return 2
+    remember_uri(args.tracking_uri)  # its password is masked wherever an error quotes it
+    shown_uri = redact_uri(args.tracking_uri)
+    problem = check_tracking_uri(args.tracking_uri)
+    if problem is not None:
+        sys.stderr.write(f"lifeguard sweep: --tracking-uri {shown_uri!r}: {problem}\n")
         return 2
     if args.include_untagged and args.older_than is None:
         sys.stderr.write("lifeguard sweep: --include-untagged needs --older-than DURATION\n")
@@ -230,14 +262,12 @@ def _sweep(args: argparse.Namespace) -> int:
             "add --include-untagged (tagged runs go by --stale-after)\n"
         )
         return 2
-    if args.workers < 1:
-        sys.stderr.write("lifeguard sweep: --workers must be at least 1\n")
-        return 2
     try:
         from lifeguard.backends.mlflow.sweep import SweepError, sweep
     except ImportError:
         sys.stderr.write("lifeguard sweep needs MLflow: pip install mlflow\n")
         return 2
+    _log_to_stderr()
     try:
         report = sweep(
             args.tracking_uri,
@@ -251,17 +281,17 @@ def _sweep(args: argparse.Namespace) -> int:
             journal_dir=args.journal_dir,
         )
     except SweepError as exc:
-        sys.stderr.write(f"lifeguard sweep: {exc}\n")
+        sys.stderr.write(redact(f"lifeguard sweep: {exc}") + "\n")
         return 1
     pending = report.journal.get("journaled", 0)
     if args.json:
-        print(json.dumps({"tracking_uri": args.tracking_uri, "dry_run": args.dry_run,
-                          **report.as_dict()}))  # fmt: skip
+        print(json.dumps(_redacted({"tracking_uri": shown_uri, "dry_run": args.dry_run,
+                                    **report.as_dict()})))  # fmt: skip
     else:
         _print_table(report, args.dry_run)
     if pending:
         sys.stderr.write(
-            f"lifeguard sweep: {args.tracking_uri} did not accept {pending} journaled "
+            f"lifeguard sweep: {shown_uri} did not accept {pending} journaled "
             "status(es); they stay in the journal for the next sweep\n"
         )
     if report.errors:
@@ -269,7 +299,35 @@ def _sweep(args: argparse.Namespace) -> int:
             f"lifeguard sweep: {len(report.errors)} run(s) could not be ended; "
             "the next sweep will retry them\n"
         )
-    return 1 if pending or report.errors else 0
+    # Each refused journal file was named on stderr, one line each, by the journal's log.
+    return 1 if pending or report.errors or report.refused else 0
+
+
+def _redacted(value: object) -> object:
+    """Every string in a JSON-able value, redacted (field by field: the JSON stays valid)."""
+    from lifeguard.redact import redact
+
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {redact(str(k)): _redacted(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_redacted(v) for v in value]
+    return value
+
+
+def _log_to_stderr() -> None:
+    """lifeguard's warnings (redacted by its logger) as plain lines on stderr."""
+    import logging
+
+    from lifeguard._log import logger
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    log = logger()
+    log.addHandler(handler)
+    log.setLevel(logging.WARNING)
+    log.propagate = False
 
 
 def _print_table(report: SweepReport, dry_run: bool) -> None:

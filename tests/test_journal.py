@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from lifeguard.guardian.journal import Entry, Journal, redact_uri
+
+OTHER_UID = 65534  # nobody
 
 
 def entry(run_id: str = "a" * 32, uri: str = "http://127.0.0.1:5000") -> Entry:
@@ -80,6 +85,7 @@ def test_corrupt_files_are_set_aside_not_fatal(
     journal = Journal(str(tmp_path))
     journal.write(entry("b" * 32))
     (tmp_path / "x.json").write_text(content)
+    (tmp_path / "x.json").chmod(0o600)  # a file of ours, only its content is bad
     assert [e.run_id for e in journal.entries()] == ["b" * 32]
     assert (tmp_path / "x.json.corrupt").exists()
     assert not (tmp_path / "x.json").exists()
@@ -97,3 +103,179 @@ def test_a_file_named_for_another_run_is_corrupt(tmp_path: Path) -> None:
 def test_bad_run_ids_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not a run id"):
         Journal(str(tmp_path)).write(entry("../../etc/passwd"))
+
+
+def test_a_file_is_private_whatever_the_umask(tmp_path: Path) -> None:
+    umask = os.umask(0o277)  # would make a 0600 request 0400
+    try:
+        path = Path(Journal(str(tmp_path / "j")).write(entry()))
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert [e.run_id for e in Journal(str(tmp_path / "j")).entries()] == ["a" * 32]
+
+
+# -- trust: only the current user's own private files are ever replayed -------------------------
+
+
+def needs_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("giving a file to another uid needs root")
+
+
+RUN = "e" * 32
+
+
+def planted_json(run_id: str = RUN) -> str:
+    return entry(run_id, uri="http://127.0.0.1:9").to_json()
+
+
+# Each plants ``content`` as the entry ``<run_id>.json`` in an existing 0700 journal directory,
+# in a way the journal must refuse, and returns the path that the refusal must name.
+Plant = Callable[[Path, str, str], str]
+
+
+def plant_other_owner_dir(journal: Path, run_id: str, content: str) -> str:
+    needs_root()
+    path = journal / f"{run_id}.json"
+    path.write_text(content)
+    path.chmod(0o600)
+    os.chown(journal, OTHER_UID, OTHER_UID)
+    return str(journal)
+
+
+def plant_loose_dir(mode: int) -> Plant:
+    def plant(journal: Path, run_id: str, content: str) -> str:
+        path = journal / f"{run_id}.json"
+        path.write_text(content)
+        path.chmod(0o600)
+        journal.chmod(mode)
+        return str(journal)
+
+    return plant
+
+
+def plant_fifo(journal: Path, run_id: str, content: str) -> str:
+    path = journal / f"{run_id}.json"
+    os.mkfifo(path, 0o600)
+    return str(path)
+
+
+def plant_dev_zero(journal: Path, run_id: str, content: str) -> str:
+    path = journal / f"{run_id}.json"
+    path.symlink_to("/dev/zero")
+    return str(path)
+
+
+def plant_huge(journal: Path, run_id: str, content: str) -> str:
+    path = journal / f"{run_id}.json"
+    path.write_text(content)
+    subprocess.run(["truncate", "-s", "300M", str(path)], check=True, timeout=30)
+    path.chmod(0o600)
+    return str(path)
+
+
+def plant_other_owner_file(journal: Path, run_id: str, content: str) -> str:
+    needs_root()
+    path = journal / f"{run_id}.json"
+    path.write_text(content)
+    path.chmod(0o600)
+    os.chown(path, OTHER_UID, OTHER_UID)
+    return str(path)
+
+
+def plant_loose_file(journal: Path, run_id: str, content: str) -> str:
+    path = journal / f"{run_id}.json"
+    path.write_text(content)
+    path.chmod(0o644)
+    return str(path)
+
+
+PLANTS: dict[str, Plant] = {
+    "directory of another uid": plant_other_owner_dir,
+    "group-writable directory": plant_loose_dir(0o770),
+    "world-writable directory": plant_loose_dir(0o777),
+    "FIFO": plant_fifo,
+    "symlink to /dev/zero": plant_dev_zero,
+    "300 MB sparse file": plant_huge,
+    "file of another uid": plant_other_owner_file,
+    "file readable by others": plant_loose_file,
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", PLANTS)
+def test_only_the_users_own_private_files_are_read(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, kind: str
+) -> None:
+    journal_dir = tmp_path / "journal"
+    journal_dir.mkdir(mode=0o700)
+    named = PLANTS[kind](journal_dir, RUN, planted_json())
+    journal = Journal(str(journal_dir))
+    started = time.monotonic()
+    assert list(journal.entries()) == []  # nothing planted is ever an entry
+    assert time.monotonic() - started < 5  # no hang on a FIFO, no 300 MB read
+    [line] = journal.refused
+    what = "directory" if named == str(journal_dir) else "file"
+    assert f"refusing journal {what} {named}: it " in line and line in caplog.text
+    if named != str(journal_dir):  # a file in our own private directory: set aside
+        assert not os.path.lexists(named) and os.path.lexists(named + ".refused")
+        assert list(Journal(str(journal_dir)).entries()) == []
+
+
+def test_a_symlink_is_renamed_never_its_target(tmp_path: Path) -> None:
+    target = tmp_path / "mine.txt"
+    target.write_text("not a journal entry")
+    journal_dir = tmp_path / "journal"
+    journal_dir.mkdir(mode=0o700)
+    link = journal_dir / ("f" * 32 + ".json")
+    link.symlink_to(target)
+    assert list(Journal(str(journal_dir)).entries()) == []
+    assert target.read_text() == "not a journal entry"
+    assert os.path.islink(str(link) + ".refused")
+
+
+# -- one redaction for URIs and free text -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "redacted"),
+    [
+        (
+            "API request to http://alice:pa55@h:5000/api/2.0/x failed",
+            "API request to http://h:5000/api/2.0/x failed",
+        ),
+        ("['https://u:p@a.b/c', 'x']", "['https://a.b/c', 'x']"),
+        ("denied: Authorization: Bearer abc.DEF-123", "denied: Authorization: Bearer ***"),
+        ("Authorization: Basic YWxpY2U6cGE1NQ==", "Authorization: Basic ***"),
+        ("https://h/x?token=s3cr3t&run=1", "https://h/x?token=***&run=1"),
+        ('{"password": "hunter22"}', '{"password": "***"}'),
+        ("nothing to hide at http://h:5000", "nothing to hide at http://h:5000"),
+    ],
+)
+def test_free_text_loses_its_credentials(text: str, redacted: str) -> None:
+    from lifeguard.redact import redact
+
+    assert redact(text) == redacted
+
+
+def test_secret_environment_values_are_masked_anywhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lifeguard.redact import redact, remember_uri
+
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", "tok-123456")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "envpw-98765")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://bob:uripw%40x@h")
+    remember_uri("http://carol:flagpw-555@h")
+    text = redact("got tok-123456, envpw-98765, uripw@x, uripw%40x and flagpw-555 back")
+    assert text == "got ***, ***, ***, *** and *** back"
+
+
+def test_every_lifeguard_log_record_is_redacted(caplog: pytest.LogCaptureFixture) -> None:
+    from lifeguard._log import logger
+
+    try:
+        raise RuntimeError("cannot reach http://alice:pa55@h/api")
+    except RuntimeError as exc:
+        logger().error("lifeguard: write to %s failed: %s", "https://u:pw@h", exc, exc_info=True)
+    assert "pa55" not in caplog.text and ":pw@" not in caplog.text
+    assert "write to https://h failed: cannot reach http://h/api" in caplog.text

@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -45,9 +46,9 @@ def test_a_live_owner_on_this_host_is_never_ended() -> None:
     from lifeguard.owner import Owner
 
     me = Owner.current()
-    # Even with a heartbeat a day old: the process is alive, so the run may be.
-    d = decide(facts(owner_tags(me.host, me.pid, me.start_time, 0)), now_ms=24 * HOUR_MS,
-               stale_after=60)  # fmt: skip
+    # Even with a heartbeat a day old and unchanged for a day: the process is alive.
+    d = decide(facts({**me.tags(), "lifeguard.heartbeat": "0"}), now_ms=24 * HOUR_MS,
+               stale_after=60, quiet_for=86400)  # fmt: skip
     assert d.verdict == "alive"
 
 
@@ -55,20 +56,92 @@ def test_a_reused_pid_does_not_keep_an_orphan_alive() -> None:
     from lifeguard.owner import Owner
 
     me = Owner.current()
-    d = decide(facts(owner_tags(me.host, me.pid, me.start_time - 3600, 5_000)), now_ms=10_000,
+    earlier = Owner(me.host, me.pid, me.start_time - 3600, me.boot_id, me.pid_ns)
+    d = decide(facts({**earlier.tags(), "lifeguard.heartbeat": "5000"}), now_ms=10_000,
                stale_after=60)  # fmt: skip
     assert d.verdict == END and d.end_time == 5_000
 
 
 def test_other_hosts_are_judged_by_their_heartbeat() -> None:
     fresh = decide(facts(owner_tags("far", 1, 1.0, 9_000)), now_ms=10_000, stale_after=60)
-    stale = decide(facts(owner_tags("far", 1, 1.0, 1_000)), now_ms=HOUR_MS, stale_after=60)
-    silent = decide(facts(owner_tags("far", 1, 1.0, None)), now_ms=HOUR_MS, stale_after=60)
-    late_metric = decide(facts(owner_tags("far", 1, 1.0, 1_000), metric=HOUR_MS - 5_000),
-                         now_ms=HOUR_MS, stale_after=60)  # fmt: skip
+    stale = decide(facts(owner_tags("far", 1, 1.0, 1_000)), now_ms=10_000, stale_after=60,
+                   quiet_for=61)  # fmt: skip
+    silent = decide(facts(owner_tags("far", 1, 1.0, None)), now_ms=HOUR_MS, stale_after=60,
+                    quiet_for=3600)  # fmt: skip
     assert (fresh.verdict, stale.verdict, silent.verdict) == ("alive", END, "skip")
     assert stale.end_time == 1_000  # the last heartbeat, not the sweep's time
-    assert late_metric.verdict == "alive"  # a metric after the last beat is a sign of life
+
+
+def test_the_writers_clock_is_never_compared_with_the_sweepers() -> None:
+    # A beat an hour "old" or an hour "in the future" says nothing: only how long the sweeper
+    # has seen it unchanged does.
+    for beat in (-HOUR_MS, 2 * HOUR_MS):
+        d = decide(facts(owner_tags("far", 1, 1.0, beat)), now_ms=HOUR_MS, stale_after=60)
+        assert d.verdict == "alive", d
+
+
+@pytest.mark.parametrize(
+    "mismatch",
+    ["no boot id or namespace (an earlier lifeguard)", "another PID namespace", "another boot"],
+)
+def test_same_hostname_is_not_same_host(mismatch: str) -> None:
+    """A container sharing the host's hostname (pid 1 in its own PID namespace), a reboot, an
+    older tag: the pid cannot be checked from here, so only the heartbeat can end the run."""
+    from lifeguard.owner import Owner
+
+    me = Owner.current()
+    boot, ns = me.boot_id, me.pid_ns
+    if mismatch.startswith("no boot"):
+        boot = ns = None
+    elif mismatch == "another PID namespace":
+        ns = "4026539999"
+    else:
+        boot = "00000000-0000-0000-0000-000000000000"
+    tags = {**Owner(me.host, 1, 1.0, boot, ns).tags(), "lifeguard.heartbeat": "1000"}
+    young = decide(facts(tags), now_ms=HOUR_MS, stale_after=60, quiet_for=30)
+    assert young.verdict == "alive" and "gone" not in young.reason
+    old = decide(facts(tags), now_ms=HOUR_MS, stale_after=60, quiet_for=61)
+    assert old.verdict == END and "lost" in old.reason
+
+
+def test_sightings_measure_on_the_sweepers_clock(tmp_path: Path) -> None:
+    from lifeguard.sweep import Sightings
+
+    journal = str(tmp_path / "journal")
+    run = facts(owner_tags("far", 1, 1.0, 5_000))
+    first = Sightings(journal, "http://u:pw@h").load()
+    assert first.quiet_for(run) == 0.0
+    first.save(["0"])
+    assert "pw" not in (tmp_path / "journal" / "sweep.state").read_text()
+    assert stat.S_IMODE((tmp_path / "journal" / "sweep.state").stat().st_mode) == 0o600
+
+    later = Sightings(journal, "http://u:pw@h").load()
+    assert later.up is not None and first.up is not None
+    later.up = first.up + 100  # 100 s later, on the boot clock; the wall clock says nothing
+    later.wall_ms = first.wall_ms - HOUR_MS
+    assert later.quiet_for(run) == pytest.approx(100)
+    # A new beat, or a new metric after the last beat, restarts the count.
+    assert later.quiet_for(facts(owner_tags("far", 1, 1.0, 6_000))) == 0.0
+    assert later.quiet_for(facts(owner_tags("far", 1, 1.0, 5_000), metric=7_000)) == 0.0
+    # Another server's runs are another matter.
+    assert Sightings(journal, "http://elsewhere").load().quiet_for(run) == 0.0
+
+
+def test_sightings_forget_runs_no_longer_running(tmp_path: Path) -> None:
+    from lifeguard.sweep import Sightings
+
+    journal = str(tmp_path / "journal")
+    a, b = RunFacts("a", "0", 1, owner_tags("far", 1, 1.0, 5)), RunFacts("b", "1", 1, {})
+    first = Sightings(journal, "http://h").load()
+    first.quiet_for(a), first.quiet_for(b)
+    first.save(["0", "1"])
+    second = Sightings(journal, "http://h").load()
+    second.quiet_for(a)
+    second.save(["0"])  # b's experiment was not swept: b is kept
+    third = Sightings(journal, "http://h").load()
+    third.save(["0", "1"])  # neither seen RUNNING: both forgotten
+    text = (tmp_path / "journal" / "sweep.state").read_text()
+    assert json.loads(text)["servers"]["http://h"] == {}
 
 
 def test_untagged_runs_need_an_explicit_opt_in() -> None:
@@ -103,23 +176,28 @@ def server(tmp_path: Path) -> Iterator[MlflowServer]:
     srv.stop()
 
 
-def run_sweep(uri: str, *args: str, journal: Path) -> subprocess.CompletedProcess[str]:
+def run_sweep(
+    uri: str, *args: str, journal: Path, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "lifeguard", "sweep", "--tracking-uri", uri, "--json",
          "--timeout", "5", "--journal-dir", str(journal), *args],
-        capture_output=True, text=True, timeout=300,
-        env={k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")},
+        capture_output=True, text=True, timeout=timeout,
+        env=env or {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")},
     )  # fmt: skip
 
 
 class Program:
-    """A program under lifeguard (no watchdog) with one run on the server, held at stdin."""
+    """A program under lifeguard (no watchdog) with one run on the server, held at stdin.
+    ``prefix`` runs it (default: this Python); ``env`` adds to its environment."""
 
-    def __init__(self, store: Store, uri: str) -> None:
+    def __init__(
+        self, store: Store, uri: str, prefix: Sequence[str] = (sys.executable,), **env: str
+    ) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, str(CHILDREN / "program.py"), "--path", "SIGTERM"],
+            [*prefix, str(CHILDREN / "program.py"), "--path", "SIGTERM"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env=child_env(store, MLFLOW_TRACKING_URI=uri), start_new_session=True,
+            env=child_env(store, MLFLOW_TRACKING_URI=uri, **env), start_new_session=True,
         )  # fmt: skip
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
@@ -135,8 +213,14 @@ class Program:
         self.proc.stdin.close()
         return self.proc.wait(60)
 
+    def output(self) -> tuple[str, str]:
+        """stdout after the ready line, and stderr (once the program has ended)."""
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        return self.proc.stdout.read(), self.proc.stderr.read()
+
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # a dozen sweeps, each a Python that imports mlflow, on a busy machine
 def test_sweep_ends_orphans_and_nothing_else(
     server: MlflowServer, store: Store, tmp_path: Path
 ) -> None:
@@ -165,26 +249,46 @@ def test_sweep_ends_orphans_and_nothing_else(
 
     proxy = FaultProxy(server.port)
     journal = tmp_path / "journal"
+    stale = ("--stale-after", "3s")
+
+    def beat_far() -> None:  # a live writer elsewhere: its heartbeat moves between sweeps
+        client.set_tag(far.info.run_id, "lifeguard.heartbeat", str(int(time.time() * 1000)))
+
     try:
-        # A dry run decides and writes nothing.
-        dry = run_sweep(proxy.uri, "--dry-run", journal=journal)
+        # A dry run decides and writes nothing to the server. Remote heartbeats are judged by
+        # how long this sweeper has seen them unchanged: the first sighting ends nothing.
+        dry = run_sweep(proxy.uri, "--dry-run", *stale, journal=journal)
         assert dry.returncode == 0, dry.stderr
         verdicts = {d["run_id"]: d["verdict"] for d in json.loads(dry.stdout)["decisions"]}
-        assert verdicts[ids["dead"]] == verdicts[ids["lost"]] == "end"
-        assert verdicts[ids["alive"]] == verdicts[ids["far"]] == "alive"
+        assert verdicts[ids["dead"]] == "end"
+        assert verdicts[ids["alive"]] == verdicts[ids["far"]] == verdicts[ids["lost"]] == "alive"
         assert verdicts[ids["silent"]] == verdicts[ids["old_untagged"]] == "skip"
+        assert set(statuses().values()) == {"RUNNING"}
+
+        # Sweep after sweep, the lost run's heartbeat stays put: after 3 s it is judged lost,
+        # while the beating one never is.
+        deadline = time.monotonic() + 180
+        while verdicts[ids["lost"]] != "end":
+            assert time.monotonic() < deadline, "the lost run was never judged lost"
+            beat_far()
+            dry = run_sweep(proxy.uri, "--dry-run", *stale, journal=journal)
+            assert dry.returncode == 0, dry.stderr
+            verdicts = {d["run_id"]: d["verdict"] for d in json.loads(dry.stdout)["decisions"]}
+            assert verdicts[ids["far"]] == "alive"
         assert set(statuses().values()) == {"RUNNING"}
 
         # The server dies after the reads and one write: the sweep fails, loudly, part-way.
         proxy.requests, proxy.fail_after = 0, 3
-        broken = run_sweep(proxy.uri, journal=journal)
+        beat_far()
+        broken = run_sweep(proxy.uri, *stale, journal=journal)
         assert broken.returncode == 1
         assert "could not be ended" in broken.stderr
         assert list(statuses().values()).count("KILLED") <= 1
 
         # Back up: the next sweep finishes the job, with the same decisions.
         proxy.mode, proxy.fail_after = "pass", None
-        second = run_sweep(proxy.uri, journal=journal)
+        beat_far()
+        second = run_sweep(proxy.uri, *stale, journal=journal)
         assert second.returncode == 0, second.stderr
         assert statuses() == {
             "dead": "KILLED", "alive": "RUNNING", "lost": "KILLED", "far": "RUNNING",
@@ -202,7 +306,9 @@ def test_sweep_ends_orphans_and_nothing_else(
         assert client.get_run(ids["lost"]).info.end_time == now - HOUR_MS
 
         # Untagged runs only on request, and only the old one.
-        opted = run_sweep(proxy.uri, "--include-untagged", "--older-than", "1d", journal=journal)
+        beat_far()
+        opted = run_sweep(proxy.uri, "--include-untagged", "--older-than", "1d", *stale,
+                          journal=journal)  # fmt: skip
         assert opted.returncode == 0, opted.stderr
         assert client.get_run(ids["old_untagged"]).info.status == "KILLED"
         assert client.get_run(ids["old_untagged"]).info.end_time == now - 3 * 24 * HOUR_MS
@@ -241,3 +347,19 @@ def test_sweep_takes_the_server_from_the_environment(server: MlflowServer) -> No
     )  # fmt: skip
     assert found.returncode == 0, found.stderr
     assert json.loads(found.stdout)["tracking_uri"] == server.uri
+
+
+def test_sightings_in_a_directory_not_ours_count_for_nothing(tmp_path: Path) -> None:
+    """Planted sightings could make a live run look silent for days: they are never read."""
+    from lifeguard.sweep import Sightings
+
+    journal = tmp_path / "journal"
+    run = facts(owner_tags("far", 1, 1.0, 5_000))
+    mine = Sightings(str(journal), "http://h").load()
+    mine.wall_ms, mine.up = 0, 0.0  # "first seen" at the dawn of time
+    mine.quiet_for(run)
+    mine.save(["0"])
+    assert Sightings(str(journal), "http://h").load().quiet_for(run) > 3600  # trusted: read
+    journal.chmod(0o777)
+    planted = Sightings(str(journal), "http://h").load()
+    assert planted.untrusted and planted.quiet_for(run) == 0.0

@@ -8,29 +8,125 @@ true end time; ``install()`` and ``lifeguard sweep`` replay it later.
 
 No secrets: tracking URIs are stored without their user-info part, and credentials
 (``MLFLOW_TRACKING_TOKEN``, passwords) come from the replaying process's environment only.
+
+Trust only the owner: a replay sends the user's credentials to the URI an entry names and ends
+the run it names, so an entry planted by anyone else must never be replayed. Entries are read
+only from a directory owned by the current user and not writable by group or others, and only
+from regular files owned by the current user with mode 0600, opened without following symlinks
+and without blocking (a FIFO), and at most ``MAX_ENTRY_BYTES`` long. Anything else is refused
+with one line naming it, set aside (renamed ``.refused``, which never follows a symlink) when the
+directory is ours, and never replayed.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import time
 
 from lifeguard._log import logger
+from lifeguard.redact import redact_uri
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-__all__ = ["Entry", "Journal", "JournalError", "default_dir", "redact_uri"]
+__all__ = [
+    "Entry",
+    "Journal",
+    "JournalError",
+    "Untrusted",
+    "default_dir",
+    "read_private",
+    "redact_uri",
+    "untrusted_directory",
+]
 
 VERSION = 1
 SUFFIX = ".json"
 CORRUPT_SUFFIX = ".corrupt"
+REFUSED_SUFFIX = ".refused"
+# An entry is a few hundred bytes; anything much bigger is not one of ours.
+MAX_ENTRY_BYTES = 64 * 1024
 
 
 class JournalError(RuntimeError):
     """The journal directory is unusable (wrong owner, not a directory)."""
+
+
+class Untrusted(Exception):
+    """A file or directory that the current user does not solely control."""
+
+
+def untrusted_directory(path: str) -> str | None:
+    """Why ``path`` is not a private directory of the current user, or None if it is one (or
+    does not exist). The last component is not followed: a symlink is refused."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link"
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a directory"
+    if st.st_uid != os.getuid():
+        return f"belongs to uid {st.st_uid}, not to the current user (uid {os.getuid()})"
+    if st.st_mode & 0o022:
+        return f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+def read_private(path: str, limit: int = MAX_ENTRY_BYTES) -> bytes:
+    """The bytes of ``path`` if it is a regular file of the current user, mode 0600, at most
+    ``limit`` bytes; raises :class:`Untrusted` (why) otherwise, FileNotFoundError if it is gone.
+    Never follows a symlink and never blocks (a FIFO, a device), never reads past ``limit``."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EMLINK):  # O_NOFOLLOW's answer to a symlink
+            raise Untrusted("is a symbolic link") from None
+        raise
+    try:
+        st = os.fstat(fd)  # of what was opened: no window between the check and the read
+        if not stat.S_ISREG(st.st_mode):
+            raise Untrusted(f"is not a regular file ({_kind(st.st_mode)})")
+        if st.st_uid != os.getuid():
+            raise Untrusted(
+                f"belongs to uid {st.st_uid}, not to the current user (uid {os.getuid()})"
+            )
+        if stat.S_IMODE(st.st_mode) != 0o600:
+            raise Untrusted(f"has mode {stat.S_IMODE(st.st_mode):04o}, not 0600")
+        if st.st_size > limit:
+            raise Untrusted(f"is {st.st_size} bytes, more than the {limit} allowed")
+        chunks = []
+        left = limit + 1
+        while left > 0:
+            chunk = os.read(fd, left)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+        if len(data) > limit:  # grew after the fstat
+            raise Untrusted(f"is more than the {limit} bytes allowed")
+        return data
+    finally:
+        os.close(fd)
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISDIR, "a directory"),
+    ):
+        if test(mode):
+            return name
+    return f"mode {mode:o}"
 
 
 def default_dir() -> str:
@@ -39,17 +135,6 @@ def default_dir() -> str:
         return explicit
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(cache, "lifeguard", "journal")
-
-
-def redact_uri(uri: str) -> str:
-    """``https://user:secret@host/x`` -> ``https://host/x``: the journal never holds a password."""
-    scheme, sep, rest = uri.partition("://")
-    if not sep:
-        return uri
-    authority, slash, path = rest.partition("/")
-    if "@" in authority:
-        authority = authority.rsplit("@", 1)[1]
-    return f"{scheme}://{authority}{slash}{path}"
 
 
 class Entry:
@@ -124,6 +209,8 @@ class Entry:
 class Journal:
     def __init__(self, directory: str | None = None) -> None:
         self.directory = directory or default_dir()
+        # One line per file (or the directory) that entries() refused since this was made.
+        self.refused: list[str] = []
 
     # -- the directory ---------------------------------------------------------------------
 
@@ -143,8 +230,11 @@ class Journal:
         return self.directory
 
     def has_entries(self) -> bool:
-        """Cheap enough for install(): one directory listing, nothing parsed."""
+        """Cheap enough for install(): one lstat and one directory listing, nothing parsed.
+        A directory that is not private has nothing to replay (``lifeguard sweep`` says why)."""
         try:
+            if untrusted_directory(self.directory) is not None:
+                return False
             return any(name.endswith(SUFFIX) for name in os.listdir(self.directory))
         except OSError:
             return False
@@ -163,6 +253,8 @@ class Journal:
         tmp = f"{path}.{os.getpid()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         try:
+            # The mode replay insists on, whatever the umask made of 0600 above.
+            os.fchmod(fd, 0o600)
             os.write(fd, entry.to_json().encode())
         finally:
             os.close(fd)
@@ -177,8 +269,17 @@ class Journal:
             pass
 
     def entries(self) -> Iterator[Entry]:
-        """Every readable entry. A corrupt file is reported, set aside (renamed ``.corrupt``)
-        and skipped: it must never stop the others from being replayed."""
+        """Every trusted, readable entry. A file that is not the current user's private regular
+        file is refused (see the module's docstring); a corrupt one is reported, set aside
+        (renamed ``.corrupt``) and skipped: neither stops the others from being replayed. In a
+        directory that is not private, nothing is read at all."""
+        why = untrusted_directory(self.directory)
+        if why is not None:
+            self._refuse(
+                f"lifeguard: refusing journal directory {self.directory}: it {why}; "
+                "nothing in it is replayed"
+            )
+            return
         try:
             names = sorted(os.listdir(self.directory))
         except FileNotFoundError:
@@ -188,16 +289,35 @@ class Journal:
                 continue
             path = os.path.join(self.directory, name)
             try:
-                with open(path, encoding="utf-8") as f:
-                    entry = Entry.from_json(f.read(), path)
+                text = read_private(path).decode("utf-8")
+                entry = Entry.from_json(text, path)
                 if entry.run_id + SUFFIX != name:
                     raise ValueError(f"holds run {entry.run_id!r}, not the run its name says")
             except FileNotFoundError:
                 continue  # replayed by another process meanwhile
+            except Untrusted as exc:
+                self._refuse_file(path, str(exc))
+                continue
             except (OSError, ValueError, UnicodeDecodeError) as exc:
                 self.set_aside(path, exc)
                 continue
             yield entry
+
+    def _refuse_file(self, path: str, why: str) -> None:
+        # The directory is ours and private: renaming the entry (never what a symlink points
+        # to: rename acts on the link) is safe, and takes it out of every later replay.
+        aside = path + REFUSED_SUFFIX
+        try:
+            os.replace(path, aside)
+        except OSError:
+            where = "left in place"
+        else:
+            where = f"set aside as {aside}"
+        self._refuse(f"lifeguard: refusing journal file {path}: it {why}; {where}, not replayed")
+
+    def _refuse(self, line: str) -> None:
+        self.refused.append(line)
+        logger().error("%s", line)
 
     def set_aside(self, path: str, reason: BaseException) -> None:
         aside = path + CORRUPT_SUFFIX

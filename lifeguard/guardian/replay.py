@@ -21,8 +21,12 @@ def main() -> int:
         return 0  # no mlflow here; `lifeguard sweep` elsewhere will do it
     from lifeguard.guardian.journal import Journal
 
-    counts = replay_journal(Journal(), budget=BUDGET)
-    return 0 if not counts.get("journaled") and not counts.get("failed") else 1
+    journal = Journal()
+    # Reads only the user's own private entries (journal.py): a planted one is refused, never
+    # sent anywhere with the user's credentials.
+    counts = replay_journal(journal, budget=BUDGET)
+    pending = counts.get("journaled") or counts.get("failed")
+    return 1 if pending or journal.refused else 0
 
 
 if __name__ == "__main__":

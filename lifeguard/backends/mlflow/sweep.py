@@ -4,7 +4,11 @@ Reads are paged with a server-side filter (``attributes.status = 'RUNNING'``), u
 experiments and 1000 runs a request. Writes go out with bounded concurrency, and MLflow's HTTP
 retries are bounded (3 retries, short backoff) so that a dead server fails the sweep in seconds
 rather than minutes. Nothing is lost when the server dies half-way: every decision is derived
-from the server's own data, so the next sweep reaches the same decisions and finishes the job.
+from the server's own data and the sweeper's own sightings, so the next sweep reaches the same
+decisions and finishes the job.
+
+Every error text that leaves this module is redacted (``lifeguard.redact``): it may quote the
+tracking URI, with its password, or a server's answer.
 """
 
 from __future__ import annotations
@@ -23,7 +27,10 @@ from lifeguard.backends.mlflow.runs import (
     environment,
     iter_running,
 )
-from lifeguard.sweep import END, Decision, RunFacts, decide
+from lifeguard.guardian.journal import Journal
+from lifeguard.owner import Owner
+from lifeguard.redact import redact, redact_uri
+from lifeguard.sweep import END, Decision, RunFacts, Sightings, decide
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -44,6 +51,8 @@ class SweepReport:
         self.ended: list[str] = []
         self.errors: dict[str, str] = {}
         self.journal: dict[str, int] = {}
+        # One line per journal file (or the journal directory) refused as not the user's own.
+        self.refused: list[str] = []
         self.seconds = 0.0
 
     def as_dict(self) -> dict[str, object]:
@@ -52,6 +61,7 @@ class SweepReport:
             "ended": self.ended,
             "errors": self.errors,
             "journal": self.journal,
+            "refused": self.refused,
             "seconds": round(self.seconds, 3),
         }
 
@@ -81,15 +91,16 @@ def sweep(
 ) -> SweepReport:
     started = time.monotonic()
     report = SweepReport()
+    journal = Journal(journal_dir)
+    shown_uri = redact_uri(tracking_uri)
+    sightings = Sightings(journal.directory, tracking_uri).load()
     client = MlflowClient(tracking_uri=tracking_uri)
     with _bounded_retries(timeout):
         if not dry_run:
             from lifeguard.backends.mlflow.runs import replay_journal
-            from lifeguard.guardian.journal import Journal
 
-            report.journal = replay_journal(
-                Journal(journal_dir), tracking_uri=tracking_uri, budget=timeout
-            )
+            report.journal = replay_journal(journal, tracking_uri=tracking_uri, budget=timeout)
+            report.refused = list(journal.refused)
         try:
             experiment_ids = _experiment_ids(client, experiments)
             now = int(time.time() * 1000)
@@ -99,14 +110,27 @@ def sweep(
                         facts,
                         now_ms=now,
                         stale_after=stale_after,
+                        quiet_for=_quiet_for(sightings, facts),
                         include_untagged=include_untagged,
                         older_than=older_than,
                     )
                 )
         except MlflowException as exc:
-            raise SweepError(f"cannot read runs from {tracking_uri}: {exc.message}") from None
+            raise SweepError(redact(f"cannot read runs from {shown_uri}: {exc.message}")) from None
         except OSError as exc:
-            raise SweepError(f"cannot reach {tracking_uri}: {exc}") from None
+            raise SweepError(redact(f"cannot reach {shown_uri}: {exc}")) from None
+        except SweepError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a store MLflow cannot open: one line, no trace
+            raise SweepError(
+                redact(f"cannot read runs from {shown_uri}: {type(exc).__name__}: {exc}")
+            ) from None
+        # Recorded before anything is ended (a dry run records too: they are observations, not
+        # writes to the server), so that a failure below loses no sighting.
+        try:
+            sightings.save(experiment_ids)
+        except OSError as exc:
+            raise SweepError(redact(f"cannot record what this sweep saw: {exc}")) from None
         to_end = [d for d in report.decisions if d.verdict == END]
         if to_end and not dry_run:
             with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
@@ -119,6 +143,14 @@ def sweep(
                         report.errors[decision.run_id] = error
     report.seconds = time.monotonic() - started
     return report
+
+
+def _quiet_for(sightings: Sightings, facts: RunFacts) -> float:
+    """Only runs judged by their heartbeat are watched over time."""
+    owner = Owner.from_tags(facts.tags)
+    if owner is None or facts.heartbeat() is None or owner.is_local():
+        return 0.0
+    return sightings.quiet_for(facts)
 
 
 def _experiment_ids(client: MlflowClient, wanted: Sequence[str]) -> list[str]:
@@ -160,5 +192,6 @@ def _end(client: MlflowClient, decision: Decision) -> str | None:
         client.log_batch(decision.run_id, tags=[RunTag(k, v) for k, v in tags.items()])
         client.set_terminated(decision.run_id, STATUS, end_time=decision.end_time)
     except Exception as exc:  # noqa: BLE001 - reported per run; the next sweep retries it
-        return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
+        lines = str(exc).strip().splitlines()
+        return redact(f"{type(exc).__name__}: {lines[0] if lines else ''}")
     return None
