@@ -441,9 +441,18 @@ def test_a_bad_tracking_uri_is_no_traceback() -> None:
 @pytest.mark.parametrize(
     ("args", "problem"),
     [
-        (("--timeout", "1e300"), "--timeout: at most 3600 seconds"),
-        (("--timeout", "0"), "--timeout: must be a positive number"),
-        (("--timeout", "nan"), "--timeout: must be a positive number"),
+        (
+            ("--timeout", "1e300"),
+            "--timeout: --timeout must be a number of seconds greater than 0 and at most 3600, not '1e300'",
+        ),
+        (
+            ("--timeout", "0"),
+            "--timeout: --timeout must be a number of seconds greater than 0 and at most 3600, not '0'",
+        ),
+        (
+            ("--timeout", "nan"),
+            "--timeout: --timeout must be a number of seconds greater than 0 and at most 3600, not 'nan'",
+        ),
         (("--workers", "0"), "--workers: must be 1 to 256"),
         (("--workers", "100000"), "--workers: must be 1 to 256"),
         (("--workers", "many"), "--workers: not a whole number"),
