@@ -438,20 +438,23 @@ def test_a_bad_tracking_uri_is_no_traceback() -> None:
     ]
 
 
+TIMEOUT_RANGE = "--timeout must be a number of seconds greater than 0 and at most 3600"
+
+
 @pytest.mark.parametrize(
     ("args", "problem"),
     [
         (
             ("--timeout", "1e300"),
-            "--timeout: --timeout must be a number of seconds greater than 0 and at most 3600, not '1e300'",
+            f"--timeout: {TIMEOUT_RANGE}, not '1e300'",
         ),
         (
             ("--timeout", "0"),
-            "--timeout: --timeout must be a number of seconds greater than 0 and at most 3600, not '0'",
+            f"--timeout: {TIMEOUT_RANGE}, not '0'",
         ),
         (
             ("--timeout", "nan"),
-            "--timeout: --timeout must be a number of seconds greater than 0 and at most 3600, not 'nan'",
+            f"--timeout: {TIMEOUT_RANGE}, not 'nan'",
         ),
         (("--workers", "0"), "--workers: must be 1 to 256"),
         (("--workers", "100000"), "--workers: must be 1 to 256"),
