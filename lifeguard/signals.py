@@ -111,6 +111,22 @@ def _main_thread_ident() -> int | None:
     return ident
 
 
+def _holds_nothing(frame: FrameType | None) -> bool:
+    """Whether the code a signal interrupted (``frame`` and its callers) is outside every call
+    into a tracking library, the import system and logging: the places that hold the locks the
+    finalizers need (a store's connection, sqlite's write lock, a module lock, a handler's)."""
+    while frame is not None:
+        name = frame.f_globals.get("__name__")
+        if (
+            _is_tracker(name)
+            or (isinstance(name, str) and (name == "logging" or name.startswith("logging.")))
+            or frame.f_code.co_filename.startswith("<frozen importlib")
+        ):
+            return False
+        frame = frame.f_back
+    return True
+
+
 def _entering_from_outside(frame: FrameType) -> bool:
     """Whether ``frame`` is a call into a tracking library from code outside every such call:
     no tracker frame below it (a callback from SQLAlchemy or requests into MLflow is still
@@ -155,6 +171,8 @@ class SignalWatch:
         self.ending = False
         # Set while the main thread waits at its park (the ender need not wait for it).
         self.parked_now = False
+        # A copy of the main thread's contextvars, taken by its handler for the ender.
+        self.main_context: object = None
 
     # -- install / uninstall -------------------------------------------------------------------
 
@@ -257,6 +275,7 @@ class SignalWatch:
         if first is None:
             if lifecycle.is_installed():
                 self.ending = True
+                self._hold_the_interpreter_open()
                 _thread.start_new_thread(self._end, (signum, at))
             elif lifecycle.is_finalizing() and _for_a_signal(lifecycle):
                 # Finalizing for a signal taken the main thread's way (Ctrl-C's
@@ -280,6 +299,20 @@ class SignalWatch:
             )
             _die(signum)
 
+    def _hold_the_interpreter_open(self) -> None:
+        """A main thread that runs on to the end of the program while the ender finalizes must
+        not get to the exit hooks (a tracker's own atexit hook would end its run as a success):
+        threading's shutdown calls this first, and it waits for the ender, which kills."""
+        threading = sys.modules.get("threading")
+        register = getattr(threading, "_register_atexit", None)
+        if register is None:
+            return
+        lifecycle = self._lifecycle
+        try:
+            register(lifecycle.die_if_ending_by_signal)
+        except RuntimeError:  # shutdown already under way: atexit's own hook still waits
+            pass
+
     def _end(self, signum: int, at: float) -> None:
         """The ender thread: finalize, then die of the signal."""
         from lifeguard.outcome import Outcome
@@ -292,20 +325,28 @@ class SignalWatch:
         sys.setswitchinterval(0.0005)
         try:
             self._wait_for_main_thread_to_leave_trackers()
-            self._lifecycle.finalize(Outcome.signalled(signum, at=at))
+            outcome = Outcome.signalled(signum, at=at)
+            context = self.main_context
+            if context is not None:
+                context.run(self._lifecycle.finalize, outcome)  # type: ignore[attr-defined]
+            else:  # the main thread never got to its handler (stuck in C)
+                self._lifecycle.finalize(outcome)
         finally:
             die_from_any_thread(signum)
 
     def _wait_for_main_thread_to_leave_trackers(self) -> None:
         """Let the call into a tracking library that the signal interrupted finish first: its
         write (and sqlite's lock) completes, and a run that ``start_run`` was creating is on its
-        stack by the time the finalizers look. Bounded: a main thread stuck in C inside such a
-        call (a hung request) is not waited for past a quarter of the deadline."""
+        stack by the time the finalizers look. And let the main thread's handler run, which
+        hands over its contextvars. Bounded: a main thread stuck in C is not waited for past a
+        quarter of the deadline (1 s at most)."""
         main = _main_thread_ident()
         if main is None:
             return
         give_up = time.monotonic() + min(1.0, self._lifecycle.options.deadline / 4)
-        while not self.parked_now and time.monotonic() < give_up:
+        while time.monotonic() < give_up:
+            if self.main_context is not None and self.parked_now:
+                return
             frame = sys._current_frames().get(main)
             inside = False
             while frame is not None:
@@ -314,7 +355,7 @@ class SignalWatch:
                     break
                 frame = frame.f_back
             del frame
-            if not inside:
+            if not inside and self.main_context is not None:
                 return
             time.sleep(0.001)
 
@@ -334,8 +375,21 @@ class SignalWatch:
             if lifecycle.is_done():
                 die_by_signal(signum)  # finish() already ran: the default action, as before
             self.notice(signum, time.time(), escalate=False)
+            if self.ending and self.main_context is None:
+                import contextvars
+
+                # The finalizers run in the ending thread's context, as they would inline: a
+                # tracker that keeps its current run in a ContextVar (trackio) finds it there.
+                self.main_context = contextvars.copy_context()
             if self.ending:
-                self._park_at_next_tracker_call()
+                if _holds_nothing(frame):
+                    # Interrupted outside every tracker, import and logging call: nothing the
+                    # finalizers need is held here. Wait right here for the ender to end the
+                    # process: the program does no more than it would have without lifeguard.
+                    self.parked_now = True
+                    lifecycle.wait_finalized(lifecycle.options.deadline + 5.0)
+                else:
+                    self._park_at_next_tracker_call()
             return
         self._chain(signum, previous, frame)
 
