@@ -390,3 +390,31 @@ while True:
     assert store.status(training) == "FINISHED"
     assert store.status(evaluation) == "KILLED"
     assert "lifeguard.owner.pid" in store.run(evaluation).data.tags
+
+
+def test_ctrl_c_inside_end_run_ends_the_run_it_was_ending(store: Store) -> None:
+    """Ctrl-C's KeyboardInterrupt raised in end_run's status write, after the run was popped off
+    its stack: the write is rolled back and the run is on no stack. Its owner tags find it (the
+    stress harness's one status lost, SIGINT in its mixed workload)."""
+    result = run(
+        program(
+            """
+child = mlflow.start_run(nested=True)
+engine = mlflow.tracking._tracking_service.utils._get_store().engine
+fired = []
+@sqlalchemy.event.listens_for(engine, "before_cursor_execute")
+def _(conn, cursor, statement, *rest):
+    if statement.lstrip().upper().startswith("UPDATE RUNS") and not fired:
+        fired.append(1)
+        os.kill(os.getpid(), signal.SIGINT)
+demo.announce(run_ids=[run.info.run_id, child.info.run_id])
+sys.stdin.readline()
+mlflow.end_run()
+threading.Event().wait()
+"""
+        ),
+        store,
+    )
+    assert result.returncode == -signal.SIGINT, result.stderr
+    for run_id in result.ready["run_ids"]:  # type: ignore[attr-defined]
+        assert store.status(run_id) == "KILLED", result.stderr

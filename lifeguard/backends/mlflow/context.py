@@ -40,11 +40,14 @@ def created_outside_fluent_here() -> bool:
     return created_outside_fluent == os.getpid()
 
 
-def runs_created_outside_fluent(client: object, me: Owner, known: Iterable[str]) -> list[str]:
-    """The RUNNING runs this process created with ``MlflowClient.create_run`` (found by their
-    owner tags, one search), besides ``known``; [] without a search in a process that created
-    none. Raises what the search raises."""
-    if not created_outside_fluent_here():
+def runs_created_outside_fluent(
+    client: object, me: Owner, known: Iterable[str], *, search: bool = False
+) -> list[str]:
+    """The RUNNING runs this process created that are on no active-run stack (found by their
+    owner tags, one search), besides ``known``: those made with ``MlflowClient.create_run``, or
+    (with ``search``) one that an interrupted ``start_run``/``end_run`` left off its stack. []
+    without a search in a process that has none. Raises what the search raises."""
+    if not (search or created_outside_fluent_here()):
         return []
     from lifeguard.backends.mlflow import runs as mlflow_runs
 

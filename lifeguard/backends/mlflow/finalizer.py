@@ -81,6 +81,7 @@ class Plan:
         self.entries = entries
         self.main_runs = main_runs
         self.defer_to = defer_to
+        self.interrupted_a_run_change = False
 
     @classmethod
     def make(cls, fluent: object, outcome: Outcome, finalizer: MlflowFinalizer) -> Plan:
@@ -124,6 +125,10 @@ class Plan:
         from lifeguard.owner import Owner
 
         fluent = self.fluent
+        # An uncaught exception (Ctrl-C's KeyboardInterrupt) raised inside start_run or end_run
+        # can leave a run RUNNING that is on no stack: created but not pushed yet, or popped
+        # but not ended yet. Its owner tags find it (looked at before the frames are released).
+        self.interrupted_a_run_change = _raised_in_run_change()
         if not _dying_of_signal():
             # The process goes on to exit through atexit: take the main thread's runs off its
             # stack, as fluent.end_run() would, so that MLflow's own hook (always FINISHED) and
@@ -155,12 +160,26 @@ class Plan:
                 confirmed &= result in (mlflow_runs.ENDED, mlflow_runs.ALREADY_ENDED)
             me = Owner.current()
             known = [e.run_id for e in self.entries]
-            for run_id in _created_outside_fluent(client, me, handled=known):
+            found = _created_outside_fluent(
+                client, me, handled=known, search=self.interrupted_a_run_change
+            )
+            for run_id in found:
                 result = mlflow_runs.terminate(
                     client, run_id, self.outcome, ended_by="process", journal=journal
                 )
                 confirmed &= result in (mlflow_runs.ENDED, mlflow_runs.ALREADY_ENDED)
         return None if confirmed else PENDING
+
+
+def _raised_in_run_change() -> bool:
+    exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    tb = getattr(exc, "__traceback__", None)
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_name in ("start_run", "end_run") and code.co_filename.endswith("fluent.py"):
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def _dying_of_signal() -> bool:
@@ -255,14 +274,17 @@ def _queued(queue: object) -> int | None:
     return total
 
 
-def _created_outside_fluent(client: MlflowClient, me: Owner, handled: list[str]) -> list[str]:
+def _created_outside_fluent(
+    client: MlflowClient, me: Owner, handled: list[str], *, search: bool = False
+) -> list[str]:
     """RUNNING runs this process created with ``MlflowClient.create_run`` after resolving
-    context tags (Lightning's MLFlowLogger). A run its creator already ended is no longer
+    context tags (Lightning's MLFlowLogger), or, with ``search``, one an interrupted
+    ``start_run``/``end_run`` left on no stack. A run its creator already ended is no longer
     RUNNING. A failed search is logged, not raised: the other runs still end."""
     from lifeguard.backends.mlflow.context import runs_created_outside_fluent
 
     try:
-        return runs_created_outside_fluent(client, me, handled)
+        return runs_created_outside_fluent(client, me, handled, search=search)
     except Exception as exc:  # noqa: BLE001 - the guardians and the sweep can still find them
         logger().error(
             "lifeguard: cannot search %s for the runs this process created outside "
