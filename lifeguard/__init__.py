@@ -43,7 +43,7 @@ def install(**options: object) -> None:
     default 10), ``mlflow`` (end MLflow runs, default True), ``end_attached`` (also end runs
     attached through MLFLOW_RUN_ID, default False), ``trackers`` (the other trackers to end
     when the program uses them, default tensorboard, wandb, swanlab, trackio), and the guardian
-    options ``watchdog``, ``blocked_grace``, ``heartbeat``.
+    options ``watchdog``, ``heartbeat``. ``blocked_grace`` is still accepted and no longer used.
 
     Raises TypeError/ValueError naming a bad option, and RuntimeError when called outside the
     main thread with signals to hook (pass ``signals=()`` there).
