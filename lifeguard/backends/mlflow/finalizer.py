@@ -200,7 +200,30 @@ def _main_thread_stack(fluent: object) -> list[object] | None:
 
 def _release_frames(outcome: Outcome) -> None:
     """Clear the locals of the frames an uncaught exception's traceback holds (the frames are
-    finished: only their locals go), so that what they held is released now."""
+    finished: only their locals go), so that what they held is released now.
+
+    Objects freed here are freed earlier than they would have been (at interpreter teardown),
+    in the middle of whatever the exception interrupted: SQLAlchemy's ORM states from a flush
+    cut short fail an assertion in their weakref callbacks. Those complaints are about our early
+    release, not the program, so they are logged at debug level instead of printed to the
+    program's stderr."""
+    previous_hook = sys.unraisablehook
+    sys.unraisablehook = _note_unraisable
+    try:
+        _clear_traceback_frames(outcome)
+    finally:
+        sys.unraisablehook = previous_hook
+
+
+def _note_unraisable(unraisable: sys.UnraisableHookArgs) -> None:
+    logger().debug(
+        "lifeguard: while releasing the frames of the exception: %r in %r",
+        unraisable.exc_value,
+        unraisable.object,
+    )
+
+
+def _clear_traceback_frames(outcome: Outcome) -> None:
     seen: set[int] = set()
     pending: list[BaseException | None] = [
         getattr(sys, "last_exc", None) or getattr(sys, "last_value", None),
