@@ -163,7 +163,11 @@ def test_attached_run_left_alone_unless_asked(
 
 
 def test_async_metrics_are_flushed_before_the_run_ends(scenario: Scenario, store: Store) -> None:
-    result = scenario.run("--path", "SIGTERM", "--async-metrics", "200", send=(signal.SIGTERM,))
+    # A signal gives the flush a tenth of the deadline: 3 s here, room for 200 metrics on a
+    # loaded machine.
+    result = scenario.run(
+        "--path", "SIGTERM", "--async-metrics", "200", "--deadline", "30", send=(signal.SIGTERM,)
+    )  # fmt: skip
     assert result.returncode == -signal.SIGTERM
     [run_id] = result.ready["run_ids"]
     assert store.status(run_id) == "KILLED"

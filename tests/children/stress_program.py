@@ -143,6 +143,11 @@ def main() -> None:
 
     def async_metric(i: int) -> None:
         mlflow.log_metric("async_loss", 1.0 / i, step=i, synchronous=False)
+        # Paced like a fast training loop (1,000 values a second), not as fast as the loop can
+        # spin: unpaced, the backlog grows without bound, and on SIGINT MLflow's own atexit
+        # hook (not lifeguard's) flushes all of it before the process may die, with or
+        # without lifeguard (tests/test_signal_anywhere.py bounds lifeguard's own share).
+        time.sleep(0.001)
 
     def import_module(i: int) -> None:
         # A fresh module each time: the import system's lock is held while it runs.

@@ -142,7 +142,7 @@ class Plan:
             # the middle of a transaction keeps sqlite's write lock, and the write below would
             # wait on it. Nothing in those frames can end a run any more (see _forget).
             _release_frames(self.outcome)
-        _bounded_flush(fluent, time_left())
+        _bounded_flush(fluent, _flush_budget(self.outcome))
         if self.defer_to is not None:
             # The supervisor knows the real exit status (a bare `raise SystemExit(n)` looks like
             # a clean return from in here): hand the runs over rather than guess.
@@ -244,10 +244,34 @@ def _clear_traceback_frames(outcome: Outcome) -> None:
         pending += [exc.__cause__, exc.__context__]
 
 
+# The share of the deadline the async flush gets when a signal stops the process. A launcher's
+# grace period is running (Ray's is 5 s) and a program that logs asynchronously as fast as it
+# can always has a backlog: the status comes first. At the default 10 s deadline: 1 s.
+SIGNAL_FLUSH_SHARE = 0.1
+
+
+def _flush_budget(outcome: Outcome) -> float | None:
+    """Seconds the async flush may take; None: no deadline (outside the registry)."""
+    from lifeguard.finalizers import time_left
+    from lifeguard.lifecycle import current
+
+    left = time_left()
+    if left is None:
+        return None
+    keep_for_the_writes = min(2.0, left / 2)
+    if outcome.signum is None:
+        # An exit or an exception: no one is waiting to kill the process. All but what the
+        # status writes need.
+        return left - keep_for_the_writes
+    lifecycle = current()
+    deadline = lifecycle.options.deadline if lifecycle is not None else left
+    return min(left - keep_for_the_writes, deadline * SIGNAL_FLUSH_SHARE)
+
+
 def _bounded_flush(fluent: object, budget: float | None) -> None:
     """Metrics queued by ``log_metric(..., synchronous=False)`` must land before the run ends,
-    but not at the price of the status: the flush gets the time left but the last 2 s (half of it
-    at most), and what it could not send in that time is counted in the log."""
+    but not at the price of the status: the flush gets a bounded share of the time (see
+    ``_flush_budget``), and what it could not send in that time is counted in the log."""
     import threading
 
     store = _store(fluent)
@@ -265,14 +289,19 @@ def _bounded_flush(fluent: object, budget: float | None) -> None:
             done.set()
 
     threading.Thread(target=flush, name="lifeguard-mlflow-flush", daemon=True).start()
-    # What is left after the flush must still write the statuses: up to 2 s of it is kept.
-    if done.wait(None if budget is None else budget - min(2.0, budget / 2)):
+    if done.wait(budget):
         return
     left = _queued(queue)
+    if left is None:
+        what = "some values"
+    elif left == 0:
+        what = "the batch in flight (nothing more queued)"
+    else:
+        what = f"{left} queued metric, param and tag values"
     logger().warning(
         "lifeguard: MLflow's async logging did not flush in time; %s not sent, ending the "
         "runs without them",
-        f"{left} queued metric, param and tag values" if left is not None else "some values",
+        what,
     )
 
 
