@@ -169,7 +169,7 @@ def load() -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, nargs="+", default=[1, 10, 50])
-    parser.add_argument("--repeat", type=int, default=5, help="rounds for N=1 (others: 1 + 1)")
+    parser.add_argument("--repeat", type=int, default=5, help="rounds for N=1 (else 2, 1)")
     parser.add_argument("--sqlite", type=int, nargs="*", default=[], help="N values on sqlite")
     args = parser.parse_args()
 
@@ -185,7 +185,7 @@ def main() -> int:
     results: list[tuple[str, int, dict[str, float]]] = []
     try:
         for n in args.n:
-            rounds = args.repeat if n == 1 else 2
+            rounds = args.repeat if n == 1 else (2 if n <= 10 else 1)
             for path, force in (("rest", "1"), ("mlflow", "0")):
                 env = {**base, "MLFLOW_TRACKING_URI": server.uri, "LIFEGUARD_GUARDIAN_REST": force}
                 got = [
