@@ -46,6 +46,7 @@ print(json.dumps({"pid": os.getpid(), "run_id": run.info.run_id,
 threading.Event().wait()
 """
 TIMEOUT = 600.0
+WAVE = 8
 
 
 def rss_kib(pid: int) -> int:
@@ -60,24 +61,27 @@ def rss_kib(pid: int) -> int:
 
 
 def start_programs(n: int, env: dict[str, str]) -> list[tuple[subprocess.Popen[str], dict]]:
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", CHILD],
-            stdout=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            text=True,
-            start_new_session=True,
-        )
-        for _ in range(n)
-    ]
     ready = []
-    for proc in procs:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        if not line:
-            raise SystemExit(f"a program died before its ready line (rc {proc.wait()})")
-        ready.append((proc, json.loads(line)))
+    # In waves: fifty start_run calls at once exhaust the server's connection pool (SQLAlchemy
+    # QueuePool, 5 + 10) and fail. Only the deaths are meant to be simultaneous.
+    for first in range(0, n, WAVE):
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", CHILD],
+                stdout=subprocess.PIPE,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                text=True,
+                start_new_session=True,
+            )
+            for _ in range(min(WAVE, n - first))
+        ]
+        for proc in procs:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            if not line:
+                raise SystemExit(f"a program died before its ready line (rc {proc.wait()})")
+            ready.append((proc, json.loads(line)))
     return ready
 
 
