@@ -1,14 +1,159 @@
-"""A real `mlflow server` on 127.0.0.1, and a proxy in front of it that can fail on demand."""
+"""A real `mlflow server` on 127.0.0.1, and proxies in front of it: one that can fail on demand,
+and an HTTP(S) one that checks a bearer token or terminates TLS with a self-signed certificate.
+Also the same server behind MLflow's own basic-auth app."""
 
 from __future__ import annotations
 
+import http.client
+import http.server
 import select
 import socket
+import ssl
+import subprocess
 import threading
+from pathlib import Path
 
 from lifeguard.localserver import MlflowServer, free_port
 
-__all__ = ["FaultProxy", "MlflowServer", "free_port"]
+__all__ = [
+    "BasicAuthServer",
+    "FaultProxy",
+    "HttpProxy",
+    "MlflowServer",
+    "free_port",
+    "self_signed_cert",
+]
+
+
+class BasicAuthServer(MlflowServer):
+    """`mlflow server --app-name basic-auth`, its user store in ``root``, with one admin."""
+
+    USER = "admin"
+
+    def __init__(self, root: Path, password: str) -> None:
+        root.mkdir(parents=True, exist_ok=True)
+        config = root / "basic_auth.ini"
+        config.write_text(
+            "[mlflow]\n"
+            "default_permission = READ\n"
+            f"database_uri = sqlite:///{root / 'basic_auth.db'}\n"
+            f"admin_username = {self.USER}\n"
+            f"admin_password = {password}\n"
+            "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+        )
+        config.chmod(0o600)
+        super().__init__(
+            root,
+            env={
+                "MLFLOW_AUTH_CONFIG_PATH": str(config),
+                # The auth app's CSRF protection refuses to start without one.
+                "MLFLOW_FLASK_SERVER_SECRET_KEY": "lifeguard-tests-only",
+            },
+        )
+
+    def start(self) -> BasicAuthServer:
+        # MlflowServer builds its command line inside start(), and --app-name has no
+        # environment variable: add the flag to that one Popen call.
+        import lifeguard.localserver as localserver
+
+        real_popen = localserver.subprocess.Popen
+
+        def popen(cmd: list[str], *args: object, **kwargs: object) -> object:
+            if "server" in cmd and "--app-name" not in cmd:
+                cmd = [*cmd, "--app-name", "basic-auth"]
+            return real_popen(cmd, *args, **kwargs)  # type: ignore[call-overload]
+
+        localserver.subprocess.Popen = popen  # type: ignore[assignment]
+        try:
+            super().start()
+        finally:
+            localserver.subprocess.Popen = real_popen  # type: ignore[misc]
+        return self
+
+
+def self_signed_cert(directory: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 (and localhost) and its key, made by the openssl CLI."""
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+         "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    return cert, key
+
+
+class HttpProxy:
+    """An HTTP proxy to the server that checks ``Authorization: Bearer <token>`` (401
+    otherwise) and, with ``tls=(cert, key)``, listens for HTTPS. Counts what it refused."""
+
+    def __init__(
+        self, upstream_port: int, *, token: str | None = None, tls: tuple[Path, Path] | None = None
+    ) -> None:
+        self.upstream_port = upstream_port
+        self.token = token
+        self.refused = 0
+        self.forwarded = 0
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass  # the test's stderr is for the program
+
+            def _handle(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                if proxy.token is not None and self.headers.get("Authorization") != (
+                    f"Bearer {proxy.token}"
+                ):
+                    proxy.refused += 1
+                    payload = b'{"error_code": "UNAUTHENTICATED", "message": "bad token"}'
+                    self.send_response(401)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                    return
+                proxy.forwarded += 1
+                upstream = http.client.HTTPConnection("127.0.0.1", proxy.upstream_port, timeout=60)
+                try:
+                    headers = {
+                        k: v
+                        for k, v in self.headers.items()
+                        if k.lower() not in ("host", "connection", "authorization")
+                    }
+                    upstream.request(self.command, self.path, body=body, headers=headers)
+                    answer = upstream.getresponse()
+                    data = answer.read()
+                finally:
+                    upstream.close()
+                self.send_response(answer.status)
+                for k, v in answer.getheaders():
+                    if k.lower() not in ("content-length", "transfer-encoding", "connection"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = do_PATCH = do_DELETE = _handle
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        scheme = "http"
+        if tls is not None:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(str(tls[0]), str(tls[1]))
+            self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
+            scheme = "https"
+        self.port = int(self.server.server_address[1])
+        self.uri = f"{scheme}://127.0.0.1:{self.port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
 
 
 class FaultProxy:

@@ -7,6 +7,7 @@ verbs:
   ``uri <tracking uri>``  a run was started against this store (user-info stripped)
   ``done``                in-process finalization finished: nothing left for the guardian
   ``defer <run id>...``   runs handed to the guardian, which knows the exact exit status
+  ``defer-at <uri> <run id>...``  the same, for runs of that store (a process may use several)
   ``exit <n>``            ``os._exit(n)`` is being called
 
 and the guardian also reads what ``faulthandler`` writes there on a crash ("Fatal Python error:
@@ -91,6 +92,12 @@ class Channel:
         if key not in self._sent_uris:
             self._sent_uris.add(key)
             self.send("uri", uri)
+
+    def defer(self, uri: str, run_ids: list[str]) -> bool:
+        """Hand ``run_ids``, all of the store at ``uri``, to the guardian (``defer-at``)."""
+        from lifeguard.guardian.journal import redact_uri
+
+        return self.send("defer-at", f"{redact_uri(uri)} {' '.join(run_ids)}")
 
     def close(self) -> None:
         try:

@@ -3,7 +3,10 @@
 ``install(watchdog=True)`` starts it. It sleeps in ``select`` on two things that need no
 polling: the read end of the channel pipe (EOF when every writer is gone) and a pidfd of the
 program (readable the moment it exits, even if forked children still hold the pipe). Idle it
-uses no CPU and only an interpreter's memory: mlflow is imported only if there is work.
+uses no CPU and only an interpreter's memory. Against an http(s) store it ends runs over
+MLflow's REST API with the standard library (``rest``) and never imports mlflow; for other
+stores, or where MLflow's client would add what REST cannot (plug-ins), mlflow is imported only
+if there is work.
 
 When the program dies: if it said ``done``, or never started a run, the watchdog just exits.
 Otherwise it ends the program's RUNNING runs, found by their owner tags, with the status the
@@ -26,7 +29,10 @@ from lifeguard.guardian.channel import ENV, WATCHDOG, Channel, Message, parse_li
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from lifeguard.guardian import rest
+    from lifeguard.guardian.journal import Entry, Journal
     from lifeguard.outcome import Outcome
+    from lifeguard.owner import Owner
 
 __all__ = ["Evidence", "main", "start"]
 
@@ -84,13 +90,17 @@ class Evidence:
     """What the program told its guardian before it died, per process."""
 
     def __init__(self) -> None:
-        self.uris: dict[int, str] = {}
+        # Every store a process announced, in order: a process that moved from one tracking
+        # URI to another has runs on each, and each run is ended on its own store.
+        self.uris: dict[int, list[str]] = {}
         self.start_times: dict[int, float] = {}
         self.done: set[int] = set()
         self.exit_codes: dict[int, int] = {}
-        self.deferred: dict[int, list[str]] = {}
+        # pid -> [(store or None if the program did not say, run id)]
+        self.deferred: dict[int, list[tuple[str | None, str]]] = {}
         self.crash: str | None = None  # signal name from faulthandler's text
         self._partial = b""
+        self._warmed = False
 
     def feed(self, data: bytes) -> None:
         lines = (self._partial + data).split(b"\n")
@@ -107,7 +117,7 @@ class Evidence:
         pid = item.pid
         self.start_times.setdefault(pid, item.start_time)
         if item.verb == "uri":
-            self.uris[pid] = item.arg
+            self._add_uri(pid, item.arg)
             self.done.discard(pid)  # a run started after finish(): there is work again
         elif item.verb == "done":
             self.done.add(pid)
@@ -117,7 +127,23 @@ class Evidence:
             except ValueError:
                 pass
         elif item.verb == "defer":
-            self.deferred.setdefault(pid, []).extend(item.arg.split())
+            self.deferred.setdefault(pid, []).extend((None, r) for r in item.arg.split())
+        elif item.verb == "defer-at":
+            uri, _, run_ids = item.arg.partition(" ")
+            self._add_uri(pid, uri)
+            self.deferred.setdefault(pid, []).extend((uri, r) for r in run_ids.split())
+
+    def _add_uri(self, pid: int, uri: str) -> None:
+        uris = self.uris.setdefault(pid, [])
+        if uri and uri not in uris:
+            uris.append(uri)
+        if not self._warmed and uri.startswith(("http://", "https://")):
+            # Pay the REST path's imports now, while the program lives, not after its death.
+            self._warmed = True
+            from lifeguard.guardian import rest
+
+            if rest.unsupported(uri) is None:
+                rest.warm()
 
     def drain(self, read_fd: int) -> None:
         """Read what is left in the pipe without blocking: the process is dead, so all it wrote
@@ -185,6 +211,91 @@ def decide(evidence: Evidence, pid: int, died_at: float) -> Outcome:
     )
 
 
+class _MlflowStore:
+    """One store through mlflow's client (``runs``): every scheme, every plug-in."""
+
+    def __init__(self, uri: str) -> None:
+        from mlflow.tracking import MlflowClient
+
+        from lifeguard.backends.mlflow import runs
+
+        self.runs = runs
+        self.client = MlflowClient(tracking_uri=uri)
+        self.tracking_uri = uri
+
+    def apply(self, entry: Entry, *, journal: Journal, write_ahead: bool) -> str:
+        return str(self.runs.apply(self.client, entry, journal=journal, write_ahead=write_ahead))
+
+    def terminate(
+        self,
+        run_id: str,
+        outcome: Outcome,
+        *,
+        ended_by: str,
+        journal: Journal,
+        seen_running: bool = False,
+    ) -> str:
+        # runs.terminate reads the status itself: seen_running only saves a request over REST.
+        return str(
+            self.runs.terminate(self.client, run_id, outcome, ended_by=ended_by, journal=journal)
+        )
+
+    def find_running_owned_by(self, owner: Owner) -> list[str]:
+        return list(self.runs.find_running_owned_by(self.client, owner))
+
+    def has_run(self, run_id: str) -> bool:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.client.get_run(run_id)
+        except MlflowException as exc:
+            if getattr(exc, "error_code", "") == "RESOURCE_DOES_NOT_EXIST":
+                return False
+            raise
+        return True
+
+
+class _Stores:
+    """The store for each URI, made once: over REST where that can stand in for MLflow's
+    client (see ``rest.unsupported``), through mlflow otherwise, which is imported only then."""
+
+    def __init__(self, deadline: float) -> None:
+        import contextlib
+
+        from lifeguard.guardian import rest
+
+        self.rest = rest
+        self.budget = rest.Budget(deadline)
+        self.deadline = deadline
+        self.made: dict[str, rest.RestStore | _MlflowStore] = {}
+        self.exits = contextlib.ExitStack()
+        self.bounded = False
+
+    def get(self, uri: str) -> rest.RestStore | _MlflowStore:
+        store = self.made.get(uri)
+        if store is not None:
+            return store
+        why = self.rest.unsupported(uri)
+        if why is None:
+            store = self.rest.RestStore(uri, self.budget)
+        else:
+            from lifeguard._log import logger
+            from lifeguard.redact import redact_uri
+
+            logger().debug("lifeguard: ending runs at %s through mlflow: %s", redact_uri(uri), why)
+            if not self.bounded:
+                from lifeguard.backends.mlflow import runs as mlflow_runs
+
+                self.exits.enter_context(mlflow_runs.bounded_http(self.deadline))
+                self.bounded = True
+            store = _MlflowStore(uri)
+        self.made[uri] = store
+        return store
+
+    def close(self) -> None:
+        self.exits.close()
+
+
 def finalize_leftovers(
     evidence: Evidence,
     outcomes: dict[int, Outcome],
@@ -192,58 +303,92 @@ def finalize_leftovers(
     ended_by: str,
     deadline: float,
 ) -> dict[str, str]:
-    """End every run the dead processes left RUNNING. Returns run id -> result."""
+    """End every run the dead processes left RUNNING, each on the store it was created in.
+    Returns run id -> result."""
     import socket
 
-    from mlflow.tracking import MlflowClient
-
-    from lifeguard.backends.mlflow import runs as mlflow_runs
     from lifeguard.guardian.journal import Journal
     from lifeguard.owner import Owner
 
     results: dict[str, str] = {}
     journal = Journal()
     journaled = list(journal.entries())
-    with mlflow_runs.bounded_http(deadline):
+    stores = _Stores(deadline)
+    try:
         for pid in evidence.pending():
             outcome = outcomes[pid]
-            client = MlflowClient(tracking_uri=evidence.uris[pid])
             # What the process journaled before it died is the truth it knew (the signal and
-            # its time, the exit code): written as it is. The rest get what the evidence says.
+            # its time, the exit code): written as it is, to the store the entry names. The
+            # rest get what the evidence says.
             for entry in journaled:
                 if entry.pid == pid:
-                    results[entry.run_id] = mlflow_runs.apply(
-                        client, entry, journal=journal, write_ahead=False
-                    )
+                    store = stores.get(entry.tracking_uri)
+                    results[entry.run_id] = store.apply(entry, journal=journal, write_ahead=False)
+            owner = Owner(socket.gethostname(), pid, evidence.start_times[pid])
+            uris = evidence.uris.get(pid, [])
             if pid in evidence.deferred:
-                run_ids = evidence.deferred[pid]
+                work = _deferred_work(stores, uris, evidence.deferred[pid])
             else:
-                owner = Owner(socket.gethostname(), pid, evidence.start_times[pid])
-                try:
-                    run_ids = mlflow_runs.find_running_owned_by(client, owner)
-                except Exception as exc:  # noqa: BLE001 - report and go on with the others
-                    from lifeguard._log import logger
+                work = []
+                for uri in uris:
+                    store = stores.get(uri)
+                    try:
+                        found = store.find_running_owned_by(owner)
+                    except Exception as exc:  # noqa: BLE001 - report and go on with the others
+                        from lifeguard._log import logger
 
-                    logger().error(
-                        "lifeguard %s: cannot search %s for the runs of pid %d: %s; "
-                        "`lifeguard sweep` will find them by their owner tags",
-                        ended_by,
-                        client.tracking_uri,
-                        pid,
-                        exc,
-                    )
-                    continue
-            for run_id in run_ids:
+                        logger().error(
+                            "lifeguard %s: cannot search %s for the runs of pid %d: %s; "
+                            "`lifeguard sweep` will find them by their owner tags",
+                            ended_by,
+                            store.tracking_uri,
+                            pid,
+                            exc,
+                        )
+                        continue
+                    work.extend((store, run_id, True) for run_id in found)
+            for store, run_id, seen_running in work:
                 if run_id in results:
                     continue
-                results[run_id] = mlflow_runs.terminate(
-                    client,
+                results[run_id] = store.terminate(
                     run_id,
                     outcome,
                     ended_by=ended_by,
                     journal=journal,
+                    seen_running=seen_running,
                 )
+    finally:
+        stores.close()
     return results
+
+
+def _deferred_work(
+    stores: _Stores, uris: list[str], deferred: list[tuple[str | None, str]]
+) -> list[tuple[rest.RestStore | _MlflowStore, str, bool]]:
+    """(store, run id, seen running) for runs handed over. A run handed over without its store
+    is looked up in each store the process announced; the first that has it ends it. Where no
+    store could be asked, the first that failed gets it, and journals it."""
+    work: list[tuple[rest.RestStore | _MlflowStore, str, bool]] = []
+    for uri, run_id in deferred:
+        if uri is not None:
+            work.append((stores.get(uri), run_id, False))
+            continue
+        if len(uris) == 1:
+            work.append((stores.get(uris[0]), run_id, False))
+            continue
+        fallback = None
+        for candidate in uris:
+            store = stores.get(candidate)
+            try:
+                if store.has_run(run_id):
+                    work.append((store, run_id, False))
+                    break
+            except Exception:  # noqa: BLE001 - this store cannot say; try the others
+                fallback = fallback or store
+        else:
+            if fallback is not None:
+                work.append((fallback, run_id, False))
+    return work
 
 
 def main(argv: list[str]) -> int:

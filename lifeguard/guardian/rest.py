@@ -1,0 +1,487 @@
+"""Ending runs on an ``mlflow server`` over its REST API, with the standard library only.
+
+The guardians (the watchdog and the supervisor) end a dead program's runs. Through mlflow that
+costs an import of about 1.5 s and 150+ MiB per guardian, which fifty simultaneous deaths turn
+into a minute and gigabytes. Against an http(s) store the same work is a few small requests:
+``runs/search`` to find the runs by owner tags, ``runs/log-batch`` for the reason tags and
+``runs/update`` for the status and the true end time.
+
+The requests carry what MLflow's own client would send (``mlflow.utils.rest_utils``):
+
+* ``Authorization``: ``Basic`` from ``MLFLOW_TRACKING_USERNAME``/``MLFLOW_TRACKING_PASSWORD``
+  (or ``~/.mlflow/credentials``), else ``Bearer $MLFLOW_TRACKING_TOKEN``; replaced, as requests
+  does, by a ``.netrc`` entry for the host or by the user-info of the URI;
+* TLS: ``MLFLOW_TRACKING_INSECURE_TLS``, ``MLFLOW_TRACKING_SERVER_CERT_PATH``,
+  ``MLFLOW_TRACKING_CLIENT_CERT_PATH``; otherwise certifi's bundle when installed (requests'
+  default), ``REQUESTS_CA_BUNDLE``/``CURL_CA_BUNDLE`` as requests reads them;
+* ``X-MLFLOW-WORKSPACE`` from ``MLFLOW_WORKSPACE``; proxies from the environment.
+
+What it cannot reproduce, it does not try (:func:`unsupported` says why, and the caller takes the
+mlflow path): a ``mlflow.request_header_provider`` or ``mlflow.request_auth_provider`` plug-in,
+``MLFLOW_TRACKING_AUTH``, ``MLFLOW_TRACKING_AWS_SIGV4``, a ``databricks`` URI, any scheme but
+http(s), and ``LIFEGUARD_GUARDIAN_REST=0`` (which forces the mlflow path, for comparison).
+
+The guarantees are those of ``lifeguard.backends.mlflow.runs``: every request is bounded by what
+is left of the guardian's deadline; a status is journaled ahead of its write and stays in the
+journal when the write fails; a run that is no longer RUNNING is never written. Credentials live
+only in the request headers: never in an error text, a log line or the journal.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from lifeguard.guardian.journal import Entry, Journal
+    from lifeguard.outcome import Outcome
+    from lifeguard.owner import Owner
+
+__all__ = [
+    "FORCE_ENV",
+    "RestError",
+    "RestStore",
+    "unsupported",
+    "warm",
+]
+
+FORCE_ENV = "LIFEGUARD_GUARDIAN_REST"
+API = "/api/2.0/mlflow/"
+RUNNING = "RUNNING"
+PAGE = 1000
+EXPERIMENTS_PER_SEARCH = 100
+TAG_ENDED_BY = "lifeguard.ended_by"
+# The plug-in groups through which MLflow's client adds headers or auth we cannot know.
+PLUGIN_GROUPS = ("mlflow.request_header_provider", "mlflow.request_auth_provider")
+# The smallest timeout worth trying a request with: less fails on a loaded machine anyway.
+MIN_TIMEOUT = 0.2
+
+# Results, the same strings as lifeguard.backends.mlflow.runs (which imports mlflow).
+ENDED = "ended"
+ALREADY_ENDED = "already ended"
+JOURNALED = "journaled"
+FAILED = "failed"
+
+
+class RestError(Exception):
+    """A request failed. The text names the endpoint and the server's answer, never a header."""
+
+    def __init__(self, message: str, status: int | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+_plugins: str | None = None
+
+
+def _plugin_reason() -> str:
+    """Names of installed MLflow request plug-ins ("" if none). Looked up once per process."""
+    global _plugins
+    if _plugins is None:
+        from importlib.metadata import entry_points
+
+        found = [f"{ep.group}={ep.name}" for g in PLUGIN_GROUPS for ep in entry_points(group=g)]
+        _plugins = ", ".join(found)
+    return _plugins
+
+
+def _truthy(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true")
+
+
+def unsupported(uri: str) -> str | None:
+    """Why the REST path cannot stand in for MLflow's client at ``uri``, or None if it can."""
+    scheme = uri.partition("://")[0].lower() if "://" in uri else ""
+    if scheme not in ("http", "https"):
+        return f"the {scheme or 'local path'} scheme needs mlflow's own store"
+    if os.environ.get(FORCE_ENV, "").strip().lower() in ("0", "false", "no", "off"):
+        return f"{FORCE_ENV}=0"
+    if os.environ.get("MLFLOW_TRACKING_AUTH"):
+        return "MLFLOW_TRACKING_AUTH names an auth plug-in"
+    if _truthy("MLFLOW_TRACKING_AWS_SIGV4"):
+        return "MLFLOW_TRACKING_AWS_SIGV4 asks for signed requests"
+    plugins = _plugin_reason()
+    if plugins:
+        return f"MLflow request plug-ins are installed ({plugins})"
+    return None
+
+
+def warm() -> None:
+    """Do the REST path's one-off work now (imports, the plug-in lookup), while the program
+    still runs: a guardian calls this when it first hears of an http(s) store, so that the
+    moment of death costs only the requests."""
+    import json  # noqa: F401
+    import ssl  # noqa: F401
+    import urllib.request  # noqa: F401
+
+    import lifeguard.guardian.journal
+    import lifeguard.outcome  # noqa: F401
+
+    _plugin_reason()
+
+
+class Budget:
+    """What is left of a deadline, on the monotonic clock."""
+
+    def __init__(self, seconds: float) -> None:
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+
+def _split_userinfo(uri: str) -> tuple[str, str | None, str | None]:
+    """``scheme://user:pw@host/p`` -> (``scheme://host/p``, user, pw), decoded."""
+    from urllib.parse import unquote
+
+    scheme, _, rest = uri.partition("://")
+    authority, slash, path = rest.partition("/")
+    user = password = None
+    if "@" in authority:
+        userinfo, authority = authority.rsplit("@", 1)
+        name, colon, secret = userinfo.partition(":")
+        user, password = unquote(name), (unquote(secret) if colon else None)
+    return f"{scheme}://{authority}{slash}{path}", user, password
+
+
+def _mlflow_credentials() -> tuple[str | None, str | None]:
+    """Username and password as MLflow reads them: the environment, then ~/.mlflow/credentials."""
+    user = os.environ.get("MLFLOW_TRACKING_USERNAME") or None
+    password = os.environ.get("MLFLOW_TRACKING_PASSWORD") or None
+    if user and password:
+        return user, password
+    path = os.path.expanduser("~/.mlflow/credentials")
+    if os.path.exists(path):
+        import configparser
+
+        config = configparser.ConfigParser()
+        try:
+            config.read(path)
+        except configparser.Error:
+            return user, password
+        if "mlflow" in config:
+            section = config["mlflow"]
+            user = user or section.get("mlflow_tracking_username")
+            password = password or section.get("mlflow_tracking_password")
+    return user, password
+
+
+def _netrc_login(host: str) -> tuple[str, str] | None:
+    """requests' ``get_netrc_auth``: $NETRC, else ~/.netrc or ~/_netrc."""
+    candidates = [os.environ["NETRC"]] if os.environ.get("NETRC") else ["~/.netrc", "~/_netrc"]
+    for candidate in candidates:
+        path = os.path.expanduser(candidate)
+        if not os.path.exists(path):
+            continue
+        import netrc
+
+        try:
+            found = netrc.netrc(path).authenticators(host)
+        except (OSError, netrc.NetrcParseError):
+            return None
+        if found:
+            return found[0] or "", found[2] or ""
+        return None
+    return None
+
+
+def _basic(user: str, password: str) -> str:
+    import base64
+
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
+
+
+class RestStore:
+    """One ``mlflow server``, spoken to over REST. ``uri`` may have lost its user-info on the way
+    (the channel and the journal strip it): it is taken back from ``$MLFLOW_TRACKING_URI`` when
+    that names the same server."""
+
+    def __init__(self, uri: str, budget: Budget) -> None:
+        from lifeguard.redact import redact_uri
+
+        self.tracking_uri = redact_uri(uri)
+        self.budget = budget
+        full = uri
+        env_uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+        stripped = "@" not in uri.partition("://")[2].partition("/")[0]
+        if stripped and env_uri and redact_uri(env_uri) == self.tracking_uri:
+            full = env_uri
+        base, url_user, url_password = _split_userinfo(full)
+        self.base = base.rstrip("/")
+        self._headers = {"Content-Type": "application/json", "User-Agent": "lifeguard-guardian"}
+        user, password = _mlflow_credentials()
+        token = os.environ.get("MLFLOW_TRACKING_TOKEN")
+        if user and password:
+            self._headers["Authorization"] = _basic(user, password)
+        elif token:
+            self._headers["Authorization"] = f"Bearer {token}"
+        # requests (under MLflow's client) lets a .netrc entry, else the URI's user-info,
+        # replace that header.
+        from urllib.parse import urlsplit
+
+        host = urlsplit(self.base).hostname or ""
+        login = _netrc_login(host)
+        if login is not None:
+            self._headers["Authorization"] = _basic(*login)
+        elif url_user is not None or url_password is not None:
+            self._headers["Authorization"] = _basic(url_user or "", url_password or "")
+        workspace = os.environ.get("MLFLOW_WORKSPACE", "").strip()
+        if workspace:
+            self._headers["X-MLFLOW-WORKSPACE"] = workspace
+        self._opener = self._make_opener()
+
+    def _make_opener(self) -> object:
+        import urllib.request
+
+        handlers: list[object] = []
+        if self.base.lower().startswith("https://"):
+            import ssl
+
+            ctx = ssl.create_default_context(cafile=self._ca_file())
+            if _truthy("MLFLOW_TRACKING_INSECURE_TLS"):
+                ctx.check_hostname = False
+                ctx.verify_mode = ssl.CERT_NONE
+            client_cert = os.environ.get("MLFLOW_TRACKING_CLIENT_CERT_PATH")
+            if client_cert:
+                ctx.load_cert_chain(client_cert)
+            handlers.append(urllib.request.HTTPSHandler(context=ctx))
+        return urllib.request.build_opener(*handlers)  # type: ignore[arg-type]
+
+    @staticmethod
+    def _ca_file() -> str | None:
+        explicit = os.environ.get("MLFLOW_TRACKING_SERVER_CERT_PATH")
+        if explicit:
+            return explicit
+        bundle = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE")
+        if bundle:
+            return bundle
+        try:
+            import certifi  # requests' trust store, a path and nothing more
+        except ImportError:
+            return None
+        return str(certifi.where())
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def call(self, method: str, endpoint: str, body: dict[str, object]) -> dict[str, object]:
+        """One request, bounded by what is left of the budget; the parsed JSON answer."""
+        import json
+        import urllib.error
+        import urllib.parse
+        import urllib.request
+
+        left = self.budget.left()
+        if left < MIN_TIMEOUT:
+            raise RestError(f"{endpoint}: no time left before the deadline")
+        url = self.base + API + endpoint
+        data = None
+        if method == "GET":
+            url += "?" + urllib.parse.urlencode(body)
+        else:
+            data = json.dumps(body).encode()
+        request = urllib.request.Request(url, data=data, headers=self._headers, method=method)
+        try:
+            with self._opener.open(request, timeout=left) as response:  # type: ignore[attr-defined]
+                text = response.read()
+        except urllib.error.HTTPError as exc:
+            raise _http_error(endpoint, exc) from None
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise RestError(f"{endpoint}: {type(exc).__name__}: {reason}") from None
+        try:
+            answer = json.loads(text or b"{}")
+        except ValueError:
+            raise RestError(f"{endpoint}: the server's answer is not JSON") from None
+        if not isinstance(answer, dict):
+            raise RestError(f"{endpoint}: unexpected answer")
+        return answer
+
+    def status(self, run_id: str) -> str:
+        answer = self.call("GET", "runs/get", {"run_id": run_id, "run_uuid": run_id})
+        run = answer.get("run")
+        info = run.get("info") if isinstance(run, dict) else None
+        if not isinstance(info, dict) or not isinstance(info.get("status"), str):
+            raise RestError("runs/get: no status in the answer")
+        return str(info["status"])
+
+    def has_run(self, run_id: str) -> bool:
+        """Whether the run exists in this store (False on RESOURCE_DOES_NOT_EXIST)."""
+        try:
+            self.status(run_id)
+        except RestError as exc:
+            if exc.code == "RESOURCE_DOES_NOT_EXIST" or exc.status == 404:
+                return False
+            raise
+        return True
+
+    def experiment_ids(self) -> list[str]:
+        ids: list[str] = []
+        token: str | None = None
+        while True:
+            body: dict[str, object] = {"max_results": PAGE, "view_type": "ACTIVE_ONLY"}
+            if token:
+                body["page_token"] = token
+            answer = self.call("POST", "experiments/search", body)
+            for experiment in _list(answer.get("experiments")):
+                ids.append(str(experiment.get("experiment_id")))
+            token = _token(answer)
+            if not token:
+                return ids
+
+    def iter_running(
+        self, experiment_ids: list[str], extra_filter: str
+    ) -> Iterator[dict[str, object]]:
+        query = f"attributes.status = '{RUNNING}'"
+        if extra_filter:
+            query += f" and {extra_filter}"
+        for start in range(0, len(experiment_ids), EXPERIMENTS_PER_SEARCH):
+            token: str | None = None
+            while True:
+                body: dict[str, object] = {
+                    "experiment_ids": experiment_ids[start : start + EXPERIMENTS_PER_SEARCH],
+                    "filter": query,
+                    "run_view_type": "ACTIVE_ONLY",
+                    "max_results": PAGE,
+                }
+                if token:
+                    body["page_token"] = token
+                answer = self.call("POST", "runs/search", body)
+                yield from _list(answer.get("runs"))
+                token = _token(answer)
+                if not token:
+                    break
+
+    def find_running_owned_by(self, owner: Owner) -> list[str]:
+        """Ids of the RUNNING runs whose owner tags name ``owner`` (the filter of
+        ``runs.find_running_owned_by``: the pid on the server, the rest checked here)."""
+        from lifeguard.owner import TAG_PID, Owner
+
+        found = []
+        pid_filter = f"tags.`{TAG_PID}` = '{owner.pid}'"
+        for run in self.iter_running(self.experiment_ids(), pid_filter):
+            info, data = run.get("info"), run.get("data")
+            if not isinstance(info, dict) or info.get("status") != RUNNING:
+                continue
+            tags = {
+                str(t.get("key")): str(t.get("value"))
+                for t in _list(data.get("tags") if isinstance(data, dict) else None)
+            }
+            tagged = Owner.from_tags(tags)
+            if tagged is not None and tagged.same_process(owner):
+                found.append(str(info.get("run_id")))
+        return found
+
+    # -- ending runs ---------------------------------------------------------------------------
+
+    def terminate(
+        self,
+        run_id: str,
+        outcome: Outcome,
+        *,
+        ended_by: str,
+        journal: Journal | None,
+        seen_running: bool = False,
+    ) -> str:
+        """End one run with ``outcome`` unless it is no longer RUNNING, journaled ahead.
+        ``seen_running``: a ``runs/search`` filtered on RUNNING just returned it, which is the
+        check (the owner is dead; only another guardian could end it in between, and would
+        write the same truth)."""
+        from lifeguard.guardian.journal import Entry
+
+        tags = {**outcome.tags(), TAG_ENDED_BY: ended_by}
+        entry = Entry(
+            run_id, self.tracking_uri, outcome.status.value, int(outcome.time * 1000), tags
+        )
+        return self.apply(entry, journal=journal, write_ahead=True, seen_running=seen_running)
+
+    def apply(
+        self,
+        entry: Entry,
+        *,
+        journal: Journal | None,
+        write_ahead: bool,
+        seen_running: bool = False,
+    ) -> str:
+        """``runs.apply`` over REST: write ``entry`` unless the run is no longer RUNNING."""
+        if journal is not None and write_ahead:
+            _journal(journal, entry)
+        try:
+            if not seen_running and self.status(entry.run_id) != RUNNING:
+                result = ALREADY_ENDED
+            else:
+                tags = [{"key": k, "value": v} for k, v in entry.tags.items()]
+                self.call("POST", "runs/log-batch", {"run_id": entry.run_id, "tags": tags})
+                self.call(
+                    "POST",
+                    "runs/update",
+                    {
+                        "run_id": entry.run_id,
+                        "run_uuid": entry.run_id,
+                        "status": entry.status,
+                        "end_time": entry.end_time,
+                    },
+                )
+                result = ENDED
+        except RestError as exc:
+            if journal is not None and entry.path is None:
+                _journal(journal, entry)
+            from lifeguard._log import logger
+
+            where = f"; kept in the journal ({entry.path})" if entry.path else ""
+            logger().warning(
+                "lifeguard: could not end run %s as %s at %s: %s%s",
+                entry.run_id,
+                entry.status,
+                self.tracking_uri,
+                exc,
+                where,
+            )
+            return JOURNALED if entry.path else FAILED
+        if journal is not None and entry.path is not None:
+            journal.remove(entry)
+        return result
+
+
+def _http_error(endpoint: str, exc: object) -> RestError:
+    """The server's error_code and first line of message; the status code otherwise."""
+    import json
+
+    status = int(getattr(exc, "code", 0) or 0)
+    code = message = None
+    try:
+        payload = json.loads(exc.read() or b"{}")  # type: ignore[attr-defined]
+        if isinstance(payload, dict):
+            code = payload.get("error_code")
+            message = payload.get("message")
+    except (ValueError, OSError, AttributeError):
+        pass
+    text = f"{endpoint}: HTTP {status}"
+    if code:
+        text += f" {code}"
+    if isinstance(message, str) and message.strip():
+        text += f": {message.strip().splitlines()[0][:200]}"
+    return RestError(text, status=status, code=code if isinstance(code, str) else None)
+
+
+def _list(value: object) -> list[dict[str, object]]:
+    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
+
+
+def _token(answer: dict[str, object]) -> str | None:
+    token = answer.get("next_page_token")
+    return token if isinstance(token, str) and token else None
+
+
+def _journal(journal: Journal, entry: Entry) -> None:
+    from lifeguard.guardian.journal import JournalError
+
+    try:
+        journal.write(entry)
+    except (OSError, JournalError, ValueError) as exc:
+        from lifeguard._log import logger
+
+        logger().error("lifeguard: cannot journal run %s: %s", entry.run_id, exc)
