@@ -86,16 +86,20 @@ class OwnerRunContext(RunContextProvider):
 
     def tags(self) -> dict[str, str]:
         global _owner, created_outside_fluent
-        if not _called_from_start_run():
+        from lifeguard.backends.mlflow import stores
+
+        if _called_from_start_run():
+            store = stores.note_start(sys.modules["mlflow.tracking.fluent"])
+        else:
             created_outside_fluent = os.getpid()
+            store = stores.current()
         lifecycle = current()
         if lifecycle is not None:
             lifecycle.hooks.move_atexit_to_front()
             if lifecycle.channel is not None:
-                import mlflow
-
-                # The guardian needs the store to look in should this process die unheard.
-                lifecycle.channel.send_uri(mlflow.get_tracking_uri())
+                # The guardian needs the store to look in should this process die unheard,
+                # spelled so that it means the same file from the guardian's cwd.
+                lifecycle.channel.send_uri(store.absolute)
         if _owner is None or _owner.pid != os.getpid():  # a forked child is a new owner
             _owner = Owner.current()
         if lifecycle is not None:

@@ -17,6 +17,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
 
+    from lifeguard.backends.mlflow.stores import Store
     from lifeguard.guardian.channel import Channel
     from lifeguard.guardian.journal import Entry
     from lifeguard.outcome import Outcome
@@ -75,8 +76,11 @@ class Plan:
         entries: list[Entry],
         main_runs: list[tuple[list[object], object]],
         defer_to: Channel | None,
+        stores: dict[str, Store] | None = None,
     ) -> None:
         self.fluent = fluent
+        # absolute URI -> the store as the program spelled it (see stores.Store.client_uri)
+        self.stores = stores or {}
         self.outcome = outcome
         self.entries = entries
         self.main_runs = main_runs
@@ -85,16 +89,17 @@ class Plan:
 
     @classmethod
     def make(cls, fluent: object, outcome: Outcome, finalizer: MlflowFinalizer) -> Plan:
-        import mlflow
-
+        from lifeguard.backends.mlflow import stores
         from lifeguard.backends.mlflow.runs import TAG_ENDED_BY
         from lifeguard.guardian.journal import Entry, Journal
 
-        uri = mlflow.get_tracking_uri()
+        # Each run is ended in the store it was started in, whatever the tracking URI is now.
+        store_of = stores.of_active_runs(fluent)
         defer_to = _supervisor_for(outcome)
         skip = finalizer.inherited | (frozenset() if finalizer.end_attached else finalizer.attached)
         main_stack = _main_thread_stack(fluent)
         entries: list[Entry] = []
+        spellings: dict[str, stores.Store] = {}
         main_runs: list[tuple[list[object], object]] = []
         tags = {**outcome.tags(), TAG_ENDED_BY: "process"}
         end_time = int(outcome.time * 1000)
@@ -105,7 +110,10 @@ class Plan:
                 continue
             if stack is main_stack:
                 main_runs.append((stack, run))
-            entries.append(Entry(run_id, uri, outcome.status.value, end_time, dict(tags)))
+            store = store_of.get(run_id) or stores.current()
+            spellings[store.absolute] = store
+            status = outcome.status.value
+            entries.append(Entry(run_id, store.absolute, status, end_time, dict(tags)))
         if defer_to is None and entries:
             journal = Journal()
             for entry in entries:
@@ -113,7 +121,7 @@ class Plan:
                     journal.write(entry)
                 except (OSError, ValueError) as exc:
                     logger().error("lifeguard: cannot journal run %s: %s", entry.run_id, exc)
-        return cls(fluent, outcome, entries, main_runs, defer_to)
+        return cls(fluent, outcome, entries, main_runs, defer_to, spellings)
 
     def carry_out(self) -> object:
         """End the runs. Returns PENDING if any is only journaled."""
@@ -146,20 +154,22 @@ class Plan:
         if self.defer_to is not None:
             # The supervisor knows the real exit status (a bare `raise SystemExit(n)` looks like
             # a clean return from in here): hand the runs over rather than guess.
-            if self.entries:
-                self.defer_to.send_uri(self.entries[0].tracking_uri)
-                self.defer_to.send("defer", " ".join(e.run_id for e in self.entries))
+            for uri, entries in self._by_store().items():
+                self.defer_to.defer(uri, [e.run_id for e in entries])
             return None
         journal = Journal()
-        uri = self.entries[0].tracking_uri if self.entries else None
-        client = MlflowClient(tracking_uri=uri)
         confirmed = True
         with mlflow_runs.bounded_http(time_left()):
-            for entry in self.entries:
-                result = mlflow_runs.apply(client, entry, journal=journal, write_ahead=False)
-                confirmed &= result in (mlflow_runs.ENDED, mlflow_runs.ALREADY_ENDED)
+            for uri, entries in self._by_store().items():
+                store = self.stores.get(uri)
+                client = MlflowClient(tracking_uri=store.client_uri() if store else uri)
+                for entry in entries:
+                    result = mlflow_runs.apply(client, entry, journal=journal, write_ahead=False)
+                    confirmed &= result in (mlflow_runs.ENDED, mlflow_runs.ALREADY_ENDED)
             me = Owner.current()
             known = [e.run_id for e in self.entries]
+            # Runs on no stack are created against the store in use now (Lightning's logger).
+            client = MlflowClient()
             found = _created_outside_fluent(
                 client, me, handled=known, search=self.interrupted_a_run_change
             )
@@ -169,6 +179,12 @@ class Plan:
                 )
                 confirmed &= result in (mlflow_runs.ENDED, mlflow_runs.ALREADY_ENDED)
         return None if confirmed else PENDING
+
+    def _by_store(self) -> dict[str, list[Entry]]:
+        groups: dict[str, list[Entry]] = {}
+        for entry in self.entries:
+            groups.setdefault(entry.tracking_uri, []).append(entry)
+        return groups
 
 
 def _raised_in_run_change() -> bool:

@@ -112,6 +112,7 @@ class Heartbeat:
             return 0
         from mlflow.tracking import MlflowClient
 
+        from lifeguard.backends.mlflow import stores
         from lifeguard.backends.mlflow.context import runs_created_outside_fluent
         from lifeguard.backends.mlflow.finalizer import owned_active_runs
         from lifeguard.owner import Owner
@@ -119,6 +120,18 @@ class Heartbeat:
         beaten = 0
         try:
             client = MlflowClient()
+            clients: dict[str, MlflowClient] = {}
+
+            def client_of(run_id: str) -> MlflowClient:
+                # Each run beats in its own store, whatever the tracking URI is now.
+                store = store_of.get(run_id)
+                if store is None:
+                    return client
+                uri = store.client_uri()
+                if uri not in clients:
+                    clients[uri] = MlflowClient(tracking_uri=uri)
+                return clients[uri]
+
             resumed = self._resumed_runs()
             if resumed:
                 from mlflow.entities import RunTag
@@ -126,9 +139,12 @@ class Heartbeat:
                 owner_tags = [RunTag(k, v) for k, v in Owner.current().tags().items()]
                 for run in resumed:
                     run_id = run.info.run_id  # type: ignore[attr-defined]
+                    # Resumed where the program points now: that is the store it resumed in.
+                    stores.note_resumed(run_id, stores.current())
                     client.log_batch(run_id, tags=owner_tags)
                     self._adopted.add(run_id)
                     logger().debug("lifeguard: adopted resumed run %s", run_id)
+            store_of = stores.of_active_runs(fluent)
             stamp = str(now_ms())
             run_ids = owned_active_runs(fluent)
             # Runs on no active-run stack (Lightning's MLFlowLogger): one search per beat,
@@ -137,7 +153,7 @@ class Heartbeat:
             for run_id in run_ids:
                 if self._stop.is_set():
                     break
-                client.set_tag(run_id, TAG_HEARTBEAT, stamp)
+                client_of(run_id).set_tag(run_id, TAG_HEARTBEAT, stamp)
                 beaten += 1
         except Exception as exc:  # noqa: BLE001 - a heartbeat must never hurt the program
             if not self._failing:
