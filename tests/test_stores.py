@@ -36,6 +36,8 @@ def run(
     env = {**env, "TEST_INSTALL": json.dumps(install)}
     program = (
         "import json, os, signal, sys, threading\n"
+        # Where the program (and the watchdog it starts) begins: a stray store would show here.
+        "os.chdir(os.environ['TEST_START'])\n"
         "import lifeguard\n"
         "lifeguard.install(**json.loads(os.environ['TEST_INSTALL']))\n"
         "import mlflow\n"
@@ -65,7 +67,10 @@ def test_a_relative_sqlite_uri_is_the_store_of_the_directory_the_run_started_in(
     first, second = tmp_path / "first", tmp_path / "second"
     real = store_at(template_db, first / "mlflow.db")
     second.mkdir()
-    env = child_env(store, TEST_FIRST=str(first), TEST_SECOND=str(second))
+    (tmp_path / "start").mkdir()
+    env = child_env(
+        store, TEST_FIRST=str(first), TEST_SECOND=str(second), TEST_START=str(tmp_path / "start")
+    )
     result = run(RELATIVE_THEN_CHDIR, env, send=(sig,), install={"watchdog": watchdog})
     assert result.returncode == -sig, result.stderr
     [run_id] = result.ready["run_ids"]  # type: ignore[misc]
@@ -75,7 +80,7 @@ def test_a_relative_sqlite_uri_is_the_store_of_the_directory_the_run_started_in(
     # No stray empty store where the program, or the watchdog, happened to be.
     assert not (second / "mlflow.db").exists()
     assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".db") == ["mlflow.db"]
-    assert not (Path.cwd() / "mlflow.db").exists()
+    assert list((tmp_path / "start").iterdir()) == []
 
 
 TWO_STORES = """
@@ -101,7 +106,7 @@ def test_each_run_ends_in_its_own_store_after_the_uri_changed(
     tmp_path: Path, template_db: Path, store: Store, sig: int, watchdog: bool
 ) -> None:
     other = store_at(template_db, tmp_path / "other" / "mlflow.db")
-    env = child_env(store, TEST_SECOND_URI=other.uri)
+    env = child_env(store, TEST_SECOND_URI=other.uri, TEST_START=str(tmp_path))
     result = run(TWO_STORES, env, send=(sig,), install={"watchdog": watchdog})
     assert result.returncode == -sig, result.stderr
     first, second = result.ready["run_ids"]  # type: ignore[misc]
@@ -123,20 +128,25 @@ def test_the_journal_names_each_run_s_own_store(
     first, second = tmp_path / "first", tmp_path / "second"
     real = store_at(template_db, first / "mlflow.db")
     second.mkdir()
-    env = child_env(store, TEST_FIRST=str(first), TEST_SECOND=str(second))
+    (tmp_path / "start").mkdir()
+    env = child_env(
+        store, TEST_FIRST=str(first), TEST_SECOND=str(second), TEST_START=str(tmp_path / "start")
+    )
     code = RELATIVE_THEN_CHDIR.replace(
-        "threading.Event().wait()",
+        "demo.announce(",
         "def block(outcome):\n"
         # Past the repeat window: a second SIGTERM within it is the same stop.
         "    import time; time.sleep(1.0)\n"
         "    os.write(1, b'FINALIZING\\n')\n"
         "    threading.Event().wait()\n"
         "lifeguard.register(block)\n"
-        "threading.Event().wait()",
+        "demo.announce(",
     )
     env["TEST_INSTALL"] = json.dumps({"deadline": 600.0})
     program = (
         "import json, os, signal, sys, threading\n"
+        # Where the program (and the watchdog it starts) begins: a stray store would show here.
+        "os.chdir(os.environ['TEST_START'])\n"
         "import lifeguard\n"
         "lifeguard.install(**json.loads(os.environ['TEST_INSTALL']))\n"
         "import mlflow\n"
