@@ -30,6 +30,8 @@ import os
 import sys
 import time
 
+from lifeguard.backends import PACKAGES
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import signal as _signal
@@ -50,11 +52,6 @@ __all__ = ["REPEAT_WINDOW", "SignalWatch", "die_by_signal", "die_from_any_thread
 # sends each srun task two SIGTERMs 3-9 ms apart on a time limit or a preemption; a person's
 # second Ctrl-C, or a launcher escalating, comes much later than this.
 REPEAT_WINDOW = 0.5
-
-# Modules whose functions the main thread must not enter while its runs are being ended: the
-# trackers lifeguard ends. Calling one then would log to a run already KILLED (an error and a
-# traceback the program never printed) or start a new run that nobody ends.
-_TRACKERS = ("mlflow", "wandb", "swanlab", "trackio", "tensorboardX", "torch.utils.tensorboard")
 
 
 def die_by_signal(signum: int) -> None:
@@ -143,10 +140,14 @@ def _entering_from_outside(frame: FrameType) -> bool:
     return True
 
 
+# The packages whose functions the main thread must not enter while its runs are being ended
+# (lifeguard.backends.PACKAGES, the trackers lifeguard ends). Calling one then would log to a run
+# already KILLED (an error and a traceback the program never printed) or start a new run that
+# nobody ends.
 def _is_tracker(module: object) -> bool:
     if not isinstance(module, str):
         return False
-    return any(module == name or module.startswith(name + ".") for name in _TRACKERS)
+    return any(module == name or module.startswith(name + ".") for name in PACKAGES)
 
 
 class SignalWatch:

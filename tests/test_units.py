@@ -574,3 +574,17 @@ def test_unused_builtin_finalizers_take_no_share_of_the_deadline() -> None:
     ]
     [left] = seen
     assert left is not None and left > 5.0  # the whole deadline, not a quarter of it
+
+
+def test_every_backend_module_lies_in_a_package_the_signal_path_waits_for() -> None:
+    """signals._is_tracker decides, from backends.PACKAGES, whether the main thread is inside a
+    tracker; a backend missing there would be interrupted holding its locks."""
+    from lifeguard.backends import MODULES, PACKAGES
+    from lifeguard.signals import _is_tracker
+
+    for modules in MODULES.values():
+        for module in modules:
+            assert _is_tracker(module), module
+    assert _is_tracker("mlflow.tracking.fluent")
+    assert not _is_tracker("torch.nn") and not _is_tracker("mlflowx")
+    assert len(set(PACKAGES)) == len(PACKAGES)

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
     from lifeguard.outcome import Outcome
 
-__all__ = ["RUN_ORDER", "load"]
+__all__ = ["MODULES", "PACKAGES", "RUN_ORDER", "load"]
 
 RUN_ORDER: tuple[str, ...] = ("tensorboard", "mlflow", "wandb", "swanlab", "trackio", "clearml")
 
@@ -34,6 +34,21 @@ MODULES = {
     "trackio": ("trackio",),
     "clearml": ("clearml",),
 }
+
+
+# The packages whose code the finalizers call into (mlflow's and every backend's tracker). A
+# signal that interrupts the main thread inside one of them lets that call finish before the
+# finalizers run: it may hold the very lock they need (lifeguard.signals). Every module in
+# MODULES lies under one of these (tests/test_units.py checks).
+PACKAGES: tuple[str, ...] = (
+    "mlflow",
+    "torch.utils.tensorboard",
+    "tensorboardX",
+    "wandb",
+    "swanlab",
+    "trackio",
+    "clearml",
+)
 
 
 def load(name: str) -> Callable[[Outcome], object]:
