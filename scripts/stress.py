@@ -665,6 +665,21 @@ def report(results: Sequence[Result], out: Any = sys.stdout) -> int:
             f"p90 {percentile(times, 0.9):.3f}  p99 {percentile(times, 0.99):.3f}  "
             f"max {max(times):.3f}\n"
         )
+        # On SIGTERM and SIGHUP lifeguard ends the process itself once the statuses are
+        # written: their exit time is lifeguard's. On SIGINT the KeyboardInterrupt goes on
+        # through the program's own atexit hooks (MLflow's flush of its async queue) and the
+        # interpreter's teardown of mlflow's heap, as it would without lifeguard.
+        ended = [
+            r.exit_seconds
+            for r in results
+            if r.exit_seconds is not None and r.trial.signal != "SIGINT"
+        ]
+        if ended:
+            w(
+                f"  SIGTERM, SIGHUP, SIGTERMx2 ({len(ended)} exits, ended by lifeguard): median "
+                f"{statistics.median(ended):.3f}  p99 {percentile(ended, 0.99):.3f}  "
+                f"max {max(ended):.3f}\n"
+            )
         by_signal: dict[str, list[float]] = defaultdict(list)
         for r in results:
             if r.exit_seconds is not None:
