@@ -102,7 +102,22 @@ class OwnerRunContext(RunContextProvider):
             start_for(lifecycle.options.heartbeat)
         _preload_exit_path()
         # The first beat rides along with the run's creation: free.
-        return {**_owner.tags(), TAG_HEARTBEAT: str(now_ms())}
+        tags = {**_owner.tags(), TAG_HEARTBEAT: str(now_ms())}
+        warned = preemption_warning_tag()
+        if warned is not None:
+            tags[warned[0]] = warned[1]
+        return tags
+
+
+def preemption_warning_tag() -> tuple[str, str] | None:
+    """(tag, value) when a preemption warning came before this run started: the callbacks ran
+    then, but only runs that existed were tagged. Nothing to look at (and nothing imported)
+    in a program that never called ``on_preemption``."""
+    preemption = sys.modules.get("lifeguard.preemption")
+    if preemption is None:
+        return None
+    value = preemption.warning_received()
+    return None if value is None else (preemption.TAG_WARNING, value)
 
 
 def _start_heartbeat_if_installed() -> None:
