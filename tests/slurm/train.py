@@ -23,6 +23,11 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True, help="file the milestone lines are appended to")
 parser.add_argument("--raw", action="store_true", help="no lifeguard: the raw-MLflow baseline")
 parser.add_argument("--steps", type=int, default=0, help="steps, then end (0: train forever)")
+parser.add_argument(
+    "--finish-on-attempt",
+    type=int,
+    help="from this Slurm attempt on (SLURM_RESTART_COUNT), train 10 steps and end",
+)
 parser.add_argument("--exit", type=int, default=0, help="sys.exit(N) after --steps")
 parser.add_argument("--watchdog", action="store_true", help="install(watchdog=True)")
 parser.add_argument("--heartbeat", type=float, help="install(heartbeat=S)")
@@ -98,8 +103,11 @@ if args.resume_file and resume_id is None:
 mlflow.log_param(f"attempt_{attempt}_pid", os.getpid())
 milestone(f"ready {run.info.run_id} {os.getpid()} {attempt}")
 
+steps = args.steps
+if args.finish_on_attempt is not None and attempt >= args.finish_on_attempt:
+    steps = 10
 step = 0
-while args.steps == 0 or step < args.steps:
+while steps == 0 or step < steps:
     mlflow.log_metric("loss", 1.0 / (step + 1), step=step)
     step += 1
     time.sleep(0.2)  # a training step, not synchronisation
