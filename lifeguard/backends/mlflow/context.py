@@ -126,6 +126,30 @@ def _start_heartbeat_if_installed() -> None:
     lifecycle = current()
     if lifecycle is not None and lifecycle.is_installed() and lifecycle.options.mlflow:
         start_for(lifecycle.options.heartbeat)
+        _front_at_shutdown()
+
+
+def _front_at_shutdown() -> None:
+    """MLflow registers its always-FINISHED atexit hook later in this same ``import mlflow``,
+    after lifeguard's, so it would run first. ``tags()`` fixes the order at each new run; a
+    program that only resumes runs (``start_run(run_id=...)``, a Slurm requeue) never calls it,
+    and its run would be ended FINISHED by MLflow, keeping the previous attempt's reason tags.
+    Threading's shutdown callbacks run before any atexit hook: fix the order there."""
+    import threading
+
+    register = getattr(threading, "_register_atexit", None)
+    if register is None:
+        return
+
+    def front() -> None:
+        lifecycle = current()
+        if lifecycle is not None and lifecycle.is_installed():
+            lifecycle.hooks.move_atexit_to_front()
+
+    try:
+        register(front)
+    except RuntimeError:  # the interpreter is already shutting down
+        pass
 
 
 _start_heartbeat_if_installed()
