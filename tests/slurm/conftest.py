@@ -61,6 +61,7 @@ class Slurm:
     conf: Path
     env: dict[str, str]
     kill_wait: float
+    proctrack: str
 
     def run(self, *cmd: str, check: bool = True) -> str:
         done = subprocess.run(
@@ -109,7 +110,8 @@ def slurm() -> Iterator[Slurm]:
     text = conf.read_text()
     match = re.search(r"^KillWait=(\d+)", text, re.M)
     kill_wait = float(match.group(1)) if match else 30.0
-    yield Slurm(conf, env, kill_wait)
+    match = re.search(r"^ProctrackType=proctrack/(\w+)", text, re.M)
+    yield Slurm(conf, env, kill_wait, match.group(1) if match else "unknown")
     if started:
         subprocess.run([str(CLUSTER), "stop"], env=env, timeout=120, check=False)
 
@@ -266,8 +268,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     tr = terminalreporter
     tr.section("Slurm endings: lifeguard beside raw MLflow (observed)")
     width = max(len(case) for case, _ in RESULTS) + 2
-    tr.write_line(f"{'case':<{width}}{'shape':<7}{'lifeguard':<52}raw MLflow")
+    tr.write_line(f"{'case':<{width}}{'shape':<7}{'raw MLflow':<32}lifeguard")
     for (case, shape), row in RESULTS.items():
         tr.write_line(
-            f"{case:<{width}}{shape:<7}{row.get('lifeguard', '-'):<52}{row.get('raw', '-')}"
+            f"{case:<{width}}{shape:<7}{row.get('raw', '-'):<32}{row.get('lifeguard', '-')}"
         )
