@@ -96,6 +96,27 @@ def check_end_time(ran: Ran, after: float, slack: float = 1.5) -> None:
     )
 
 
+def sweep(sub: Submitter) -> subprocess.CompletedProcess[str]:
+    """`lifeguard sweep` on this node: owners dead on this host are ended at once."""
+    done = subprocess.run(
+        [sys.executable, "-m", "lifeguard", "sweep", "--tracking-uri", sub.uri,
+         "--journal-dir", str(sub.tmp_path / "sweep-journal")],
+        capture_output=True, text=True, timeout=TIMEOUT, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def nothing_inside_can_act(sub: Submitter, ran: Ran, case: str, shape: str) -> Ran:
+    """Under proctrack/cgroup: the run is left RUNNING (nothing of the job survived to speak);
+    recorded as measured, then `lifeguard sweep` ends it, at its last sign of life."""
+    assert ran.status == "RUNNING", ran.summary()
+    sweep(sub)
+    after = finish(sub, ran.job, ran.run_id, ran.pid)
+    record(case, shape, "lifeguard", ran.summary() + " -> sweep: " + after.summary())
+    return after
+
+
 # -- the cases ------------------------------------------------------------------------------
 
 
@@ -115,7 +136,11 @@ def test_scancel(submitter: Submitter, slurm: Slurm) -> None:
         record("scancel", shape, "lifeguard", ran.summary())
         record("scancel", shape, "raw", base.summary())
         if shape == "bare" and slurm.proctrack != "linuxproc":
-            continue  # recorded, not asserted: nothing inside the job can act (README)
+            # The batch shell dies of the SIGTERM and its child is SIGKILLed at once (README).
+            ran = nothing_inside_can_act(submitter, ran, "scancel", shape)
+            assert ran.status == "KILLED", ran.summary()
+            check_end_time(ran, cancelled)
+            continue
         assert ran.status == "KILLED", ran.summary() + "\n" + guarded.tail()
         assert ran.tags.get("lifeguard.signal") == "SIGTERM", ran.tags
         check_end_time(ran, cancelled)
@@ -280,48 +305,57 @@ def test_preempted(submitter: Submitter, slurm: Slurm, tmp_path: Path) -> None:
         check_end_time(ran, preempted)
 
 
-def test_sigkill_with_watchdog(submitter: Submitter, slurm: Slurm) -> None:
-    """A real SIGKILL: `scancel --signal=KILL JOB` acts like a cancel (SIGTERM first); the KILL
-    itself reaches srun's tasks as JOB.0 and the exec'd python with --batch. The watchdog,
-    detached from the job, ends the run."""
-    args = ("--watchdog",)
-    jobs = {shape: submit_pair(submitter, "SIGKILL + watchdog", shape, *args) for shape in SHAPES}
+def watchdog_case(
+    submitter: Submitter, slurm: Slurm, case: str, args: tuple[str, ...], kill: str
+) -> None:
+    """Jobs whose program dies by SIGKILL; the watchdog, outside the job's process tree, ends
+    the run. Under proctrack/cgroup it is in the job's cgroup and dies with it: the run stays
+    RUNNING (recorded), and `lifeguard sweep` ends it."""
+    jobs = {shape: submit_pair(submitter, case, shape, *args) for shape in SHAPES}
     started = {job.id: ready(job) for pair in jobs.values() for job in pair}
-    killed = time.time()
+    event = time.time()
     for shape, pair in jobs.items():
         for job in pair:
-            if shape == "srun":
+            if kill == "scancel":
+                slurm.run("scancel", job.id)
+            elif shape == "srun":
                 slurm.run("scancel", "--signal=KILL", f"{job.id}.0")
             else:
                 slurm.run("scancel", "--batch", "--signal=KILL", job.id)
+    if kill == "scancel":
+        event += slurm.kill_wait  # the SIGKILL came KillWait after the SIGTERM
+    # A watchdog that is there writes within a second or two; under cgroup none is left.
+    settle = 30.0 if slurm.proctrack != "cgroup" else 5.0
+    ran = {}
     for shape, (guarded, raw) in jobs.items():
-        ran = finish(submitter, guarded, *started[guarded.id], settle=30)
+        ran[shape] = finish(submitter, guarded, *started[guarded.id], settle=settle)
         base = finish(submitter, raw, *started[raw.id])
-        record("SIGKILL + watchdog", shape, "lifeguard", ran.summary())
-        record("SIGKILL + watchdog", shape, "raw", base.summary())
-        assert ran.status == "KILLED", ran.summary() + "\n" + guarded.tail()
-        check_end_time(ran, killed)
+        record(case, shape, "lifeguard", ran[shape].summary())
+        record(case, shape, "raw", base.summary())
+    if slurm.proctrack == "cgroup":
+        for shape in SHAPES:
+            assert ran[shape].status == "RUNNING", ran[shape].summary()
+        sweep(submitter)
+        for shape in SHAPES:
+            before = ran[shape]
+            ran[shape] = finish(submitter, before.job, before.run_id, before.pid)
+            record(case, shape, "lifeguard", f"{before.summary()} -> sweep: {ran[shape].summary()}")
+    for shape, (guarded, _raw) in jobs.items():
+        assert ran[shape].status == "KILLED", ran[shape].summary() + "\n" + guarded.tail()
+        check_end_time(ran[shape], event)
+
+
+def test_sigkill_with_watchdog(submitter: Submitter, slurm: Slurm) -> None:
+    """A real SIGKILL: `scancel --signal=KILL JOB` acts like a cancel (SIGTERM first); the KILL
+    itself reaches srun's tasks as JOB.0 and the exec'd python with --batch."""
+    watchdog_case(submitter, slurm, "SIGKILL + watchdog", ("--watchdog",), kill="KILL")
 
 
 def test_sigterm_ignored_killwait_watchdog(submitter: Submitter, slurm: Slurm) -> None:
     """The program ignores SIGTERM (its own SIG_IGN after install): slurmd SIGKILLs it KillWait
-    later. The watchdog ends the run KILLED with the time of that SIGKILL."""
+    later, and the run ends with the time of that SIGKILL."""
     args = ("--watchdog", "--ignore-term")
-    case = "SIGTERM ignored, KillWait"
-    jobs = {shape: submit_pair(submitter, case, shape, *args) for shape in SHAPES}
-    started = {job.id: ready(job) for pair in jobs.values() for job in pair}
-    cancelled = time.time()
-    for pair in jobs.values():
-        for job in pair:
-            slurm.run("scancel", job.id)
-    for shape, (guarded, raw) in jobs.items():
-        ran = finish(submitter, guarded, *started[guarded.id], settle=30)
-        base = finish(submitter, raw, *started[raw.id])
-        record(case + " (watchdog)", shape, "lifeguard", ran.summary())
-        record(case + " (watchdog)", shape, "raw", base.summary())
-        assert ran.status == "KILLED", ran.summary() + "\n" + guarded.tail()
-        # The SIGKILL came KillWait after the SIGTERM, and the run ended then.
-        check_end_time(ran, cancelled + slurm.kill_wait)
+    watchdog_case(submitter, slurm, "SIGTERM ignored, KillWait (watchdog)", args, kill="scancel")
 
 
 def test_sigterm_ignored_killwait_sweep(submitter: Submitter, slurm: Slurm) -> None:
@@ -340,12 +374,7 @@ def test_sigterm_ignored_killwait_sweep(submitter: Submitter, slurm: Slurm) -> N
         before = finish(submitter, guarded, *started[guarded.id])
         assert before.status == "RUNNING", before.summary()
         results[shape] = finish(submitter, raw, *started[raw.id])
-    swept = subprocess.run(
-        [sys.executable, "-m", "lifeguard", "sweep", "--tracking-uri", submitter.uri,
-         "--journal-dir", str(submitter.tmp_path / "sweep-journal")],
-        capture_output=True, text=True, timeout=TIMEOUT, check=False,
-    )  # fmt: skip
-    assert swept.returncode == 0, swept.stderr
+    swept = sweep(submitter)
     for shape, (guarded, _raw) in jobs.items():
         ran = finish(submitter, guarded, *started[guarded.id])
         record(case + " (sweep)", shape, "lifeguard", ran.summary())
