@@ -146,6 +146,26 @@ def test_scancel(submitter: Submitter, slurm: Slurm) -> None:
         check_end_time(ran, cancelled)
 
 
+def test_scancel_signal_kill_is_a_cancel(submitter: Submitter, slurm: Slurm) -> None:
+    """`scancel --signal=KILL JOB` (the whole job, no step, no --batch) is not a SIGKILL: Slurm
+    treats it as a cancel, SIGTERM first, and the run ends KILLED by SIGTERM in-process."""
+    case = "scancel --signal=KILL JOB"
+    jobs = {shape: submit_pair(submitter, case, shape) for shape in SHAPES}
+    started = {job.id: ready(job) for pair in jobs.values() for job in pair}
+    cancelled = time.time()
+    for pair in jobs.values():
+        for job in pair:
+            slurm.run("scancel", "--signal=KILL", job.id)
+    for shape, (guarded, raw) in jobs.items():
+        ran = finish(submitter, guarded, *started[guarded.id])
+        base = finish(submitter, raw, *started[raw.id])
+        record(case, shape, "lifeguard", ran.summary())
+        record(case, shape, "raw", base.summary())
+        assert ran.status == "KILLED", ran.summary() + "\n" + guarded.tail()
+        assert ran.tags.get("lifeguard.signal") == "SIGTERM", ran.tags
+        check_end_time(ran, cancelled)
+
+
 def test_normal_exit(submitter: Submitter, slurm: Slurm) -> None:
     jobs = {shape: submit_pair(submitter, "exit 0", shape, "--steps", "3") for shape in SHAPES}
     for shape, (guarded, raw) in jobs.items():
