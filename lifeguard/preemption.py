@@ -4,7 +4,9 @@ Slurm's ``--signal=USR1@90`` sends SIGUSR1 90 s before the end of a job's time; 
 have their own. The program wants to checkpoint, not to die. ``on_preemption(callback)`` hooks
 such signals (SIGUSR1 by default): each time one arrives the callbacks run in the main thread,
 and the process's runs are tagged ``lifeguard.preemption_warning`` (the signal and the time),
-from a background thread so that a slow server never delays the program. The run is not ended
+from a background thread so that a slow server never delays the program. A run started or
+resumed after the warning is tagged too (at ``start_run``, with the owner tags): under Slurm the
+warning often comes while the program is still loading, before it has any run. The run is not ended
 and the process does not exit; the SIGTERM that follows ends the run KILLED as usual.
 
 The callbacks run inside a Python signal handler, in the main thread, between two bytecodes
@@ -26,12 +28,19 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
     from types import FrameType
 
-__all__ = ["TAG_WARNING", "on_preemption"]
+__all__ = ["TAG_WARNING", "on_preemption", "warning_received"]
 
 TAG_WARNING = "lifeguard.preemption_warning"
 
 _callbacks: list[Callable[[int], object]] = []
 _previous: dict[int, object] = {}
+# The last warning this process received ("SIGUSR1 at <epoch ms>"), for the runs it starts later.
+_received: str | None = None
+
+
+def warning_received() -> str | None:
+    """The tag value of the last preemption warning this process received, if any."""
+    return _received
 
 
 class PreemptionHandle:
@@ -64,7 +73,9 @@ def on_preemption(
 
 
 def _on_warning(signum: int, frame: FrameType | None) -> None:
+    global _received
     stamp = int(time.time() * 1000)
+    _received = _tag_value(signum, stamp)
     for callback in list(_callbacks):
         try:
             callback(signum)
@@ -76,6 +87,10 @@ def _on_warning(signum: int, frame: FrameType | None) -> None:
     threading.Thread(
         target=_tag_runs, args=(signum, stamp), name="lifeguard-preemption", daemon=True
     ).start()
+
+
+def _tag_value(signum: int, stamp: int) -> str:
+    return f"{signal.Signals(signum).name} at {stamp}"
 
 
 def _tag_runs(signum: int, stamp: int) -> None:
@@ -90,7 +105,7 @@ def _tag_runs(signum: int, stamp: int) -> None:
         from lifeguard.backends.mlflow.finalizer import owned_active_runs
 
         client = MlflowClient()
-        value = f"{signal.Signals(signum).name} at {stamp}"
+        value = _tag_value(signum, stamp)
         for run_id in owned_active_runs(fluent):
             client.set_tag(run_id, TAG_WARNING, value)
     except Exception as exc:  # noqa: BLE001 - a warning tag is worth a log line, not a crash

@@ -103,3 +103,49 @@ def test_a_resumed_run_is_adopted_spared_by_the_sweep_and_ended_with_the_truth(
     )
     assert result.returncode == returncode, result.stderr
     assert store.status(run_id) == status, result.stderr
+
+
+def test_a_run_only_resumed_and_returned_from_ends_with_this_process_reason(store: Store) -> None:
+    """install() before ``import mlflow``, then only a resume (a Slurm requeue's next attempt)
+    and a plain return: no new run ever moves lifeguard's atexit hook before MLflow's, whose
+    hook would end the run FINISHED first and leave the previous attempt's reason on it."""
+    first = textwrap.dedent(
+        """
+        import os, signal, lifeguard
+        lifeguard.install()
+        import mlflow
+        run = mlflow.start_run()
+        print(run.info.run_id, flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", first],
+        env=child_env(store),
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT,
+    )
+    assert done.returncode == -signal.SIGTERM, done.stderr
+    run_id = done.stdout.split()[0]
+    assert store.run(run_id).data.tags["lifeguard.reason"] == "killed by SIGTERM"
+    second = textwrap.dedent(
+        """
+        import os, lifeguard
+        lifeguard.install()
+        import mlflow
+        mlflow.start_run(run_id=os.environ["RESUME_RUN_ID"])
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", second],
+        env=child_env(store, RESUME_RUN_ID=run_id),
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT,
+    )
+    assert done.returncode == 0, done.stderr
+    run = store.run(run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["lifeguard.reason"] == "exit code 0", run.data.tags
+    assert run.data.tags["lifeguard.outcome"] == "exit"

@@ -106,7 +106,22 @@ class OwnerRunContext(RunContextProvider):
             start_for(lifecycle.options.heartbeat)
         _preload_exit_path()
         # The first beat rides along with the run's creation: free.
-        return {**_owner.tags(), TAG_HEARTBEAT: str(now_ms())}
+        tags = {**_owner.tags(), TAG_HEARTBEAT: str(now_ms())}
+        warned = preemption_warning_tag()
+        if warned is not None:
+            tags[warned[0]] = warned[1]
+        return tags
+
+
+def preemption_warning_tag() -> tuple[str, str] | None:
+    """(tag, value) when a preemption warning came before this run started: the callbacks ran
+    then, but only runs that existed were tagged. Nothing to look at (and nothing imported)
+    in a program that never called ``on_preemption``."""
+    preemption = sys.modules.get("lifeguard.preemption")
+    if preemption is None:
+        return None
+    value = preemption.warning_received()
+    return None if value is None else (preemption.TAG_WARNING, value)
 
 
 def _start_heartbeat_if_installed() -> None:
@@ -115,6 +130,30 @@ def _start_heartbeat_if_installed() -> None:
     lifecycle = current()
     if lifecycle is not None and lifecycle.is_installed() and lifecycle.options.mlflow:
         start_for(lifecycle.options.heartbeat)
+        _front_at_shutdown()
+
+
+def _front_at_shutdown() -> None:
+    """MLflow registers its always-FINISHED atexit hook later in this same ``import mlflow``,
+    after lifeguard's, so it would run first. ``tags()`` fixes the order at each new run; a
+    program that only resumes runs (``start_run(run_id=...)``, a Slurm requeue) never calls it,
+    and its run would be ended FINISHED by MLflow, keeping the previous attempt's reason tags.
+    Threading's shutdown callbacks run before any atexit hook: fix the order there."""
+    import threading
+
+    register = getattr(threading, "_register_atexit", None)
+    if register is None:
+        return
+
+    def front() -> None:
+        lifecycle = current()
+        if lifecycle is not None and lifecycle.is_installed():
+            lifecycle.hooks.move_atexit_to_front()
+
+    try:
+        register(front)
+    except RuntimeError:  # the interpreter is already shutting down
+        pass
 
 
 _start_heartbeat_if_installed()

@@ -137,6 +137,11 @@ class Heartbeat:
                 from mlflow.entities import RunTag
 
                 owner_tags = [RunTag(k, v) for k, v in Owner.current().tags().items()]
+                from lifeguard.backends.mlflow.context import preemption_warning_tag
+
+                warned = preemption_warning_tag()
+                if warned is not None:  # a warning that came before the resume
+                    owner_tags.append(RunTag(*warned))
                 for run in resumed:
                     run_id = run.info.run_id  # type: ignore[attr-defined]
                     # Resumed where the program points now: that is the store it resumed in.
