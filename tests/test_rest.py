@@ -328,3 +328,23 @@ def test_fallbacks_are_said() -> None:
         assert "MLFLOW_TRACKING_AUTH" in (rest.unsupported("http://h") or "")
     finally:
         del os.environ["MLFLOW_TRACKING_AUTH"]
+
+
+def test_an_installed_request_plugin_sends_the_guardian_down_the_mlflow_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A distribution on sys.path that declares a ``mlflow.request_header_provider`` entry
+    point (found without importing importlib.metadata, which the idle guardian avoids)."""
+    from lifeguard.guardian import rest
+
+    dist = tmp_path / "corp_auth-1.0.dist-info"
+    dist.mkdir()
+    (dist / "entry_points.txt").write_text(
+        "[console_scripts]\ncorp = corp:main\n\n"
+        "[mlflow.request_header_provider]\ncorp = corp_auth:HeaderProvider\n"
+    )
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
+    monkeypatch.setattr(rest, "_plugins", None)
+    reason = rest.unsupported("http://127.0.0.1:5000") or ""
+    assert "mlflow.request_header_provider=corp" in reason
+    assert "console_scripts" not in reason
