@@ -149,3 +149,104 @@ def test_a_run_only_resumed_and_returned_from_ends_with_this_process_reason(stor
     assert run.info.status == "FINISHED"
     assert run.data.tags["lifeguard.reason"] == "exit code 0", run.data.tags
     assert run.data.tags["lifeguard.outcome"] == "exit"
+
+
+# Resumes RESUME_RUN_ID on the store RESUME_URI after a run of its own on the default store,
+# waits until the heartbeat has adopted it (its owner tags name this process: polled, bounded),
+# then says ready.
+RESUME_ELSEWHERE = """
+import json, os, sys, time
+# mlflow first: the run is resumed the moment lifeguard is installed (and its replay started).
+import mlflow
+from mlflow.tracking import MlflowClient
+import lifeguard
+lifeguard.install(**json.loads(os.environ.get("TEST_INSTALL", "{}")))
+from lifeguard import demo
+if os.environ.get("FIRST_RUN"):
+    with mlflow.start_run():
+        pass
+mlflow.set_tracking_uri(os.environ["RESUME_URI"])
+run_id = os.environ.get("RESUME_RUN_ID")
+if not run_id:  # made after the first run (by a scheduler, say), to be resumed here
+    run_id = MlflowClient(os.environ["RESUME_URI"]).create_run("0").info.run_id
+run = mlflow.start_run(run_id=run_id)
+client = MlflowClient(os.environ["RESUME_URI"])
+give_up = time.monotonic() + 60
+while client.get_run(run.info.run_id).data.tags.get("lifeguard.owner.pid") != str(os.getpid()):
+    assert time.monotonic() < give_up, "never adopted"
+    time.sleep(0.05)
+demo.announce(run_ids=[run.info.run_id], watchdog=lifeguard.watchdog_pid(),
+              replay=lifeguard.api.replay_pid)
+if os.environ.get("ENDING") == "exit0":
+    sys.stdin.readline()
+    sys.exit(0)
+time.sleep(3600)
+"""
+
+
+def run_elsewhere(store: Store, other: Store, run_id: str, sig: int | None, **env: str):
+    return run_child(
+        [sys.executable, "-c", RESUME_ELSEWHERE],
+        env=child_env(store, RESUME_URI=other.uri, RESUME_RUN_ID=run_id, **env),
+        send=(sig,) if sig else (),
+        timeout=CHILD_TIMEOUT,
+    )
+
+
+@pytest.mark.parametrize(
+    ("sig", "watchdog"),
+    [(signal.SIGTERM, False), (signal.SIGKILL, True)],
+    ids=["sigterm-in-process", "sigkill-watchdog"],
+)
+def test_a_run_resumed_on_another_store_ends_there(
+    tmp_path, template_db, store: Store, sig: int, watchdog: bool
+) -> None:
+    """A run of its own on the default store first, then the resumed run on another: before,
+    the resumed run was tied to the first run's store (journaled there, "not found"), and the
+    watchdog never heard of the second store."""
+    from tests.conftest import wait_gone
+    from tests.test_stores import store_at
+
+    other = store_at(template_db, tmp_path / "other" / "mlflow.db")
+    result = run_elsewhere(
+        store, other, "", sig, FIRST_RUN="1", TEST_INSTALL=json.dumps({"watchdog": watchdog})
+    )
+    [run_id] = result.ready["run_ids"]  # type: ignore[misc]
+    assert result.returncode == -sig, result.stderr
+    if watchdog:
+        wait_gone(int(result.ready["watchdog"]))  # type: ignore[call-overload]
+    assert other.status(run_id) == "KILLED", result.stderr
+    assert "not found" not in result.stderr, result.stderr
+
+
+def test_a_requeued_job_s_replay_leaves_the_run_it_resumed_alone(store: Store) -> None:
+    """Job 1 journaled KILLED and died before writing it; job 2 (the requeue) resumes the run.
+    Job 2's own install() replays the journal in the background: before, the replay ended the
+    live resumed run KILLED, and "never overwrite" then kept that over job 2's FINISHED."""
+    from lifeguard.guardian.journal import Entry, Journal
+    from tests.conftest import wait_gone
+
+    run_id = orphan_run(store)
+    # Job 1's journal entry, as its finalizer wrote it before it was cut off; its writer, the
+    # orphan's process, is gone.
+    dead_pid = int(store.run(run_id).data.tags[TAG_PID])
+    ended_at = int(time.time() * 1000)
+    entry = Entry(run_id, store.uri, "KILLED", ended_at, {"lifeguard.signal": "SIGTERM"})
+    entry.pid = dead_pid
+    Journal(str(store.path.parent / "journal")).write(entry)
+    during: list[str] = []
+
+    def after_the_replay(ready: dict[str, object]) -> None:
+        wait_gone(int(ready["replay"]))  # type: ignore[call-overload]
+        during.append(store.status(run_id))  # the replay is over; the job still trains
+
+    result = run_child(
+        [sys.executable, "-c", RESUME_ELSEWHERE],
+        env=child_env(store, RESUME_URI=store.uri, RESUME_RUN_ID=run_id, ENDING="exit0"),
+        after_ready=after_the_replay,
+        timeout=CHILD_TIMEOUT,
+    )
+    assert during == ["RUNNING"], result.stderr
+    assert result.returncode == 0, result.stderr
+    assert store.status(run_id) == "FINISHED"
+    assert list((store.path.parent / "journal").glob("*.json")) == []

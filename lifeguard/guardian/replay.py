@@ -19,8 +19,16 @@ def main() -> int:
         from lifeguard.backends.mlflow.runs import replay_journal
     except ImportError:
         return 0  # no mlflow here; `lifeguard sweep` elsewhere will do it
+    # The program that started this replay may be about to resume one of these very runs (a
+    # requeued job's next attempt): its heartbeat rewrites the owner tags within ADOPT_EVERY of
+    # the resume, and replay_journal then leaves the run alone. Give it two of those first;
+    # nobody waits on this process.
+    import time
+
+    from lifeguard.backends.mlflow.heartbeat import ADOPT_EVERY
     from lifeguard.guardian.journal import Journal
 
+    time.sleep(2 * ADOPT_EVERY)
     journal = Journal()
     # Reads only the user's own private entries (journal.py): a planted one is refused, never
     # sent anywhere with the user's credentials.

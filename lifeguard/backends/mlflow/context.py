@@ -89,10 +89,10 @@ class OwnerRunContext(RunContextProvider):
         from lifeguard.backends.mlflow import stores
 
         if _called_from_start_run():
-            store = stores.note_start(sys.modules["mlflow.tracking.fluent"])
+            store, stamp = stores.note_start()
         else:
             created_outside_fluent = os.getpid()
-            store = stores.current()
+            store, stamp = stores.current(), str(now_ms())
         lifecycle = current()
         if lifecycle is not None:
             lifecycle.hooks.move_atexit_to_front()
@@ -106,7 +106,7 @@ class OwnerRunContext(RunContextProvider):
             start_for(lifecycle.options.heartbeat)
         _preload_exit_path()
         # The first beat rides along with the run's creation: free.
-        tags = {**_owner.tags(), TAG_HEARTBEAT: str(now_ms())}
+        tags = {**_owner.tags(), TAG_HEARTBEAT: stamp}
         warned = preemption_warning_tag()
         if warned is not None:
             tags[warned[0]] = warned[1]

@@ -26,6 +26,10 @@ import time
 
 from lifeguard._log import logger
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from lifeguard.backends.mlflow.stores import Store
+
 __all__ = ["DEFAULT_INTERVAL", "TAG_HEARTBEAT", "Heartbeat", "heartbeat", "now_ms", "start_for"]
 
 TAG_HEARTBEAT = "lifeguard.heartbeat"
@@ -145,7 +149,11 @@ class Heartbeat:
                 for run in resumed:
                     run_id = run.info.run_id  # type: ignore[attr-defined]
                     # Resumed where the program points now: that is the store it resumed in.
-                    stores.note_resumed(run_id, stores.current())
+                    # The guardian hears of it too: a program that only resumes runs never
+                    # announced a store at start_run.
+                    store = stores.current()
+                    stores.note_resumed(run_id, store)
+                    _announce(store)
                     client.log_batch(run_id, tags=owner_tags)
                     self._adopted.add(run_id)
                     logger().debug("lifeguard: adopted resumed run %s", run_id)
@@ -169,6 +177,14 @@ class Heartbeat:
                 logger().info("lifeguard: heartbeat recovered")
             self._failing = False
         return beaten
+
+
+def _announce(store: Store) -> None:
+    from lifeguard.lifecycle import current
+
+    lifecycle = current()
+    if lifecycle is not None and lifecycle.channel is not None:
+        lifecycle.channel.send_uri(store.absolute)
 
 
 # The process's heartbeat: started when lifeguard is installed and mlflow loaded (whichever comes

@@ -43,6 +43,7 @@ ENDED = "ended"
 ALREADY_ENDED = "already ended"
 JOURNALED = "journaled"
 FAILED = "failed"  # neither written nor journaled (the journal itself is unusable)
+SUPERSEDED = "superseded"  # a replayed entry whose run was resumed since: dropped
 
 
 @contextlib.contextmanager
@@ -179,7 +180,7 @@ def replay_journal(
 ) -> dict[str, int]:
     """Write every journaled status whose server answers. With ``tracking_uri``, only that
     server's entries. A server that fails once is not asked again in this replay."""
-    counts = {ENDED: 0, ALREADY_ENDED: 0, JOURNALED: 0, FAILED: 0}
+    counts = {ENDED: 0, ALREADY_ENDED: 0, JOURNALED: 0, FAILED: 0, SUPERSEDED: 0}
     clients: dict[str, MlflowClient] = {}
     dead: set[str] = set()
     with bounded_http(budget):
@@ -196,13 +197,53 @@ def replay_journal(
                 counts[JOURNALED] += 1
                 continue
             client = clients.get(uri) or clients.setdefault(uri, MlflowClient(tracking_uri=uri))
+            if _resumed_since(client, entry):
+                # A later process resumed the run (a requeued job): it is alive again, and its
+                # owner ends it with the truth. This ending is history; writing it would end a
+                # live run, and "never overwrite" would then keep the wrong status for good.
+                logger().info(
+                    "lifeguard: run %s was resumed since it was journaled; entry dropped",
+                    entry.run_id,
+                )
+                journal.remove(entry)
+                counts[SUPERSEDED] = counts.get(SUPERSEDED, 0) + 1
+                continue
             result = apply(client, entry, journal=journal, write_ahead=False)
             if result == JOURNALED:
                 dead.add(uri)
             counts[result] = counts.get(result, 0) + 1
-    if counts[ENDED] or counts[ALREADY_ENDED]:
+    if counts[ENDED] or counts[ALREADY_ENDED] or counts[SUPERSEDED]:
         logger().info("lifeguard: journal replay: %s", counts)
     return counts
+
+
+def _resumed_since(client: MlflowClient, entry: Entry) -> bool:
+    """Whether the run, still RUNNING, now belongs to another process than the one that
+    journaled ``entry`` (a resumed run's owner tags are rewritten by its new owner, see
+    heartbeat.py), and that process may be alive: checked where it can be (same host, boot and
+    PID namespace), else by a heartbeat newer than the journaled end. A failed read says no:
+    ``apply`` then meets the same failure and keeps the entry."""
+    from lifeguard.backends.mlflow.heartbeat import TAG_HEARTBEAT
+
+    if entry.pid is None:
+        return False
+    try:
+        run = client.get_run(entry.run_id)
+    except Exception:  # noqa: BLE001
+        return False
+    if run.info.status != RUNNING:
+        return False
+    tags = dict(run.data.tags)
+    owner = Owner.from_tags(tags)
+    if owner is None or (owner.pid == entry.pid and owner.is_local()):
+        return False  # still the writer's run: this ending is the latest news of it
+    alive = owner.is_alive()
+    if alive is not None:
+        return alive
+    try:
+        return int(tags.get(TAG_HEARTBEAT, "0")) > entry.end_time
+    except ValueError:
+        return False
 
 
 def _writer_alive(entry: Entry) -> bool:

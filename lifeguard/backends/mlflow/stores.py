@@ -7,11 +7,11 @@ guardian in its own cwd, looks from elsewhere. So the store is taken when the ru
 made absolute, and kept per run: the journal, the guardian and the finalizer all use it.
 
 How a run is tied to its store: MLflow resolves context tags (our ``OwnerRunContext.tags``)
-inside ``start_run``, before the run exists and in the thread that will push it, at the depth
-it will take on that thread's active-run stack. That slot, (thread, depth), records the URI
-and the time; the run found there later, started at or after that time, is that start's run.
-A resumed run (``start_run(run_id=...)``, no context tags) gets the URI in use when the
-heartbeat adopts it; failing both, the current one.
+inside ``start_run`` just before it creates the run, and the run it then puts on the active-run
+stack carries those tags in memory. Among them is the first heartbeat, a stamp unique in this
+process: the stamp names the store. A resumed run (``start_run(run_id=...)``, no context tags;
+its stamp is an older one, or another process's) gets the store in use when the heartbeat adopts
+it, within a second; failing both, the current one.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ import os
 import threading
 import time
 from typing import NamedTuple
+
+from lifeguard.owner import TAG_PID
 
 __all__ = ["Store", "absolute", "current", "note_resumed", "note_start", "of_active_runs"]
 
@@ -58,25 +60,25 @@ def current() -> Store:
     return Store(uri, absolute(uri))
 
 
-# (thread ident, stack depth) -> (store, time.time() in ms) of the latest start_run there.
-_slots: dict[tuple[int, int], tuple[Store, int]] = {}
+# heartbeat stamp given at a start_run -> the store that start_run created its run in.
+_by_stamp: dict[str, Store] = {}
 # run id -> store, for resumed runs (recorded when the heartbeat adopts them).
 _resumed: dict[str, Store] = {}
 _lock = threading.Lock()
+_last_stamp = 0
 
 
-def note_start(fluent: object) -> Store:
-    """Called while ``start_run`` resolves context tags: the run about to be pushed on this
-    thread's stack belongs to the current store."""
+def note_start() -> tuple[Store, str]:
+    """Called while ``start_run`` resolves context tags: returns the current store and the
+    first heartbeat stamp to tag the new run with, unique in this process (a run created in
+    the same millisecond gets the next one), which ties the run to the store."""
+    global _last_stamp
     store = current()
-    try:
-        depth = len(fluent._active_run_stack.get())  # type: ignore[attr-defined]
-    except Exception:  # noqa: BLE001 - MLflow's internals moved: runs get the current store
-        return store
     with _lock:
-        # A whole millisecond earlier: MLflow stamps start_time in ms, truncated.
-        _slots[(threading.get_ident(), depth)] = (store, int(time.time() * 1000) - 1)
-    return store
+        _last_stamp = max(int(time.time() * 1000), _last_stamp + 1)
+        stamp = str(_last_stamp)
+        _by_stamp[stamp] = store
+    return store, stamp
 
 
 def note_resumed(run_id: str, store: Store) -> None:
@@ -86,21 +88,26 @@ def note_resumed(run_id: str, store: Store) -> None:
 
 def of_active_runs(fluent: object) -> dict[str, Store]:
     """run id -> store, for every run on every thread's active-run stack."""
+    from lifeguard.backends.mlflow.heartbeat import TAG_HEARTBEAT
+
     stacks: dict[int, list[object]] = fluent._active_run_stack.get_all_thread_values()  # type: ignore[attr-defined]
     fallback: Store | None = None
     found: dict[str, Store] = {}
     with _lock:
-        slots = dict(_slots)
+        by_stamp = dict(_by_stamp)
         resumed = dict(_resumed)
-    for ident, stack in stacks.items():
-        for depth, run in enumerate(list(stack)):
-            info = run.info  # type: ignore[attr-defined]
-            slot = slots.get((ident, depth))
-            if slot is not None and (info.start_time or 0) >= slot[1]:
-                found[info.run_id] = slot[0]
-            elif info.run_id in resumed:
-                found[info.run_id] = resumed[info.run_id]
+    pid = str(os.getpid())
+    for stack in stacks.values():
+        for run in list(stack):
+            run_id: str = run.info.run_id  # type: ignore[attr-defined]
+            tags = run.data.tags  # type: ignore[attr-defined]
+            stamp = tags.get(TAG_HEARTBEAT)
+            # A stamp of this process's (a forked child's stamps are its parent's runs).
+            if stamp in by_stamp and tags.get(TAG_PID) == pid:
+                found[run_id] = by_stamp[stamp]
+            elif run_id in resumed:
+                found[run_id] = resumed[run_id]
             else:
                 fallback = fallback or current()
-                found[info.run_id] = fallback
+                found[run_id] = fallback
     return found
