@@ -412,9 +412,11 @@ class RestStore:
                 conn = http.client.HTTPConnection(proxy_host, proxy_port, timeout=left)
                 target = url  # absolute-form, to a forward proxy
                 headers.update(proxy_headers)
+        sock = None
         try:
             conn.connect()
-            conn.sock = _DeadlineSocket(conn.sock, self.budget)
+            sock = conn.sock
+            conn.sock = _DeadlineSocket(sock, self.budget)
             conn.request(method, target, body=data, headers=headers)
             response = conn.getresponse()
             status = response.status
@@ -439,6 +441,8 @@ class RestStore:
             return status, response.getheader("Location"), b"".join(chunks)
         finally:
             conn.close()
+            if sock is not None:
+                sock.close()
 
     def status(self, run_id: str) -> str:
         answer = self.call("GET", "runs/get", {"run_id": run_id, "run_uuid": run_id})
@@ -709,7 +713,9 @@ class _DeadlineSocket:
         return io.BufferedReader(_DeadlineReader(self))
 
     def close(self) -> None:
-        self.sock.close()
+        # http.client closes its socket once an answer that ends with the connection is under
+        # way, and reads the rest through makefile()'s reader: the caller closes ``sock``.
+        pass
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.sock, name)
