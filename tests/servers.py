@@ -16,6 +16,7 @@ from pathlib import Path
 from lifeguard.localserver import MlflowServer, free_port
 
 __all__ = [
+    "Answerer",
     "BasicAuthServer",
     "FaultProxy",
     "HttpProxy",
@@ -227,3 +228,116 @@ class FaultProxy:
     def close(self) -> None:
         self._closed = True
         self.listener.close()
+
+
+class Answerer:
+    """An HTTP server that answers as told, to test what the guardians' REST path does with
+    what a server (or something in front of it) may send. ``mode``:
+
+    * ``forward``: pass the request on to the server at ``upstream_port`` (an absolute-form
+      target, as sent to a forward proxy, is taken as its path);
+    * ``drip``: a 200 whose ``Content-Length`` promises ``size`` bytes, sent one every 50 ms;
+    * ``huge``: a 200 of ``size`` spaces, without a ``Content-Length``, then close;
+    * ``redirect``: ``redirect_code`` to ``redirect_to`` + the path, except for paths under
+      ``/moved``, which are forwarded without that prefix;
+    * ``empty``: a 200 with ``{}``.
+
+    Records (method, path, headers) of every request in ``seen``."""
+
+    def __init__(self, upstream_port: int = 0, mode: str = "forward") -> None:
+        self.upstream_port = upstream_port
+        self.mode = mode
+        self.size = 1 << 20
+        self.redirect_code = 307
+        self.redirect_to = ""
+        self.seen: list[tuple[str, str, dict[str, str]]] = []
+        self.stop = threading.Event()
+        answerer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+            def _send(self, code: int, body: bytes, extra: dict[str, str] | None = None) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                for k, v in (extra or {}).items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(body)
+
+            def _handle(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                path = self.path
+                if path.startswith(("http://", "https://")):
+                    path = "/" + path.split("://", 1)[1].partition("/")[2]
+                answerer.seen.append((self.command, path, dict(self.headers.items())))
+                mode = answerer.mode
+                if mode == "redirect" and path.startswith("/moved/"):
+                    path, mode = path[len("/moved") :], "forward"
+                if mode == "empty":
+                    return self._send(200, b"{}")
+                if mode == "redirect":
+                    location = answerer.redirect_to + path
+                    return self._send(answerer.redirect_code, b"", {"Location": location})
+                if mode == "drip":
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(answerer.size))
+                    self.end_headers()
+                    for _ in range(answerer.size):
+                        if answerer.stop.wait(0.05):
+                            return
+                        self.wfile.write(b" ")
+                        self.wfile.flush()
+                    return
+                if mode == "huge":
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Connection", "close")
+                    self.end_headers()
+                    self.close_connection = True
+                    chunk = b" " * (1 << 20)
+                    for _ in range(answerer.size >> 20):
+                        if answerer.stop.is_set():
+                            return
+                        self.wfile.write(chunk)
+                    return
+                upstream = http.client.HTTPConnection(
+                    "127.0.0.1", answerer.upstream_port, timeout=60
+                )
+                try:
+                    headers = {
+                        k: v
+                        for k, v in self.headers.items()
+                        if k.lower() not in ("host", "connection", "proxy-authorization")
+                    }
+                    upstream.request(self.command, path, body=body, headers=headers)
+                    answer = upstream.getresponse()
+                    data = answer.read()
+                finally:
+                    upstream.close()
+                self.send_response(answer.status)
+                for k, v in answer.getheaders():
+                    if k.lower() not in ("content-length", "transfer-encoding", "connection"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = do_PATCH = do_DELETE = _handle
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = int(self.server.server_address[1])
+        self.uri = f"http://127.0.0.1:{self.port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.server.shutdown()
+        self.server.server_close()

@@ -19,7 +19,14 @@ from mlflow.tracking import MlflowClient
 
 from lifeguard.demo import ChildResult, run_child
 from tests.conftest import CHILD_TIMEOUT, CHILDREN, Store, child_env, wait_gone
-from tests.servers import BasicAuthServer, HttpProxy, MlflowServer, self_signed_cert
+from tests.servers import (
+    Answerer,
+    BasicAuthServer,
+    HttpProxy,
+    MlflowServer,
+    free_port,
+    self_signed_cert,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -348,3 +355,133 @@ def test_an_installed_request_plugin_sends_the_guardian_down_the_mlflow_path(
     reason = rest.unsupported("http://127.0.0.1:5000") or ""
     assert "mlflow.request_header_provider=corp" in reason
     assert "console_scripts" not in reason
+
+
+def _running_entry(server: MlflowServer) -> tuple[str, object]:
+    from lifeguard.guardian.journal import Entry
+
+    run = MlflowClient(server.uri).create_run("0")
+    entry = Entry(run.info.run_id, server.uri, "KILLED", 1, {"lifeguard.ended_by": "watchdog"})
+    return run.info.run_id, entry
+
+
+def test_a_dripping_answer_ends_by_the_deadline_and_the_status_is_journaled(
+    tmp_path: Path, server: MlflowServer
+) -> None:
+    """A 200 whose body trickles in a byte every 50 ms: each read is quick, so only an overall
+    bound ends the request. Its status stays in the journal."""
+    from lifeguard.guardian import rest
+    from lifeguard.guardian.journal import Journal
+
+    answerer = Answerer(server.port, mode="drip")
+    try:
+        run_id, entry = _running_entry(server)
+        journal = Journal(str(tmp_path / "journal"))
+        store = rest.RestStore(answerer.uri, rest.Budget(3))
+        started = time.monotonic()
+        got = store.apply(entry, journal=journal, write_ahead=True)  # type: ignore[arg-type]
+        took = time.monotonic() - started
+        assert got == rest.JOURNALED
+        assert took < 3 + 5, took  # the deadline, and slack for a loaded machine
+        assert [e.run_id for e in journal.entries()] == [run_id]
+        assert MlflowClient(server.uri).get_run(run_id).info.status == "RUNNING"
+    finally:
+        answerer.close()
+
+
+def test_a_huge_answer_is_refused_unread(server: MlflowServer) -> None:
+    from lifeguard.guardian import rest
+
+    answerer = Answerer(server.port, mode="huge")
+    answerer.size = 4 * rest.MAX_ANSWER
+    try:
+        with pytest.raises(rest.RestError, match="larger than"):
+            rest.RestStore(answerer.uri, rest.Budget(30)).experiment_ids()
+    finally:
+        answerer.close()
+
+
+def test_a_redirect_to_another_origin_is_a_failure_and_gets_no_credentials(
+    tmp_path: Path, server: MlflowServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MLflow's client would drop the token and read the stranger's ``{}`` as "no runs": the
+    status would be lost in silence. The guardian neither sends the token nor believes it."""
+    from lifeguard.guardian import rest
+    from lifeguard.guardian.journal import Journal
+
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", TOKEN)
+    stranger = Answerer(mode="empty")
+    answerer = Answerer(server.port, mode="redirect")
+    answerer.redirect_code = 302
+    answerer.redirect_to = stranger.uri
+    try:
+        store = rest.RestStore(answerer.uri, rest.Budget(20))
+        with pytest.raises(rest.RestError, match="another origin") as caught:
+            store.experiment_ids()
+        assert TOKEN not in str(caught.value)
+        run_id, entry = _running_entry(server)
+        journal = Journal(str(tmp_path / "journal"))
+        assert store.apply(entry, journal=journal, write_ahead=True) == rest.JOURNALED  # type: ignore[arg-type]
+        assert [e.run_id for e in journal.entries()] == [run_id]
+        assert answerer.seen and answerer.seen[0][2].get("Authorization") == f"Bearer {TOKEN}"
+        assert stranger.seen == []
+    finally:
+        stranger.close()
+        answerer.close()
+
+
+@pytest.mark.parametrize("code", [307, 308])
+def test_a_same_origin_redirect_keeping_the_method_is_followed(
+    server: MlflowServer, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    """A moved API (307/308 to another path of the same server): followed with the method, the
+    body and the credentials, as MLflow's client follows it."""
+    from lifeguard.guardian import rest
+
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", TOKEN)
+    answerer = Answerer(server.port, mode="redirect")
+    answerer.redirect_code = code
+    answerer.redirect_to = "/moved"
+    try:
+        run_id, entry = _running_entry(server)
+        got = rest.RestStore(answerer.uri, rest.Budget(30)).apply(
+            entry,  # type: ignore[arg-type]
+            journal=None,
+            write_ahead=False,
+        )
+        assert got == rest.ENDED
+        assert MlflowClient(server.uri).get_run(run_id).info.status == "KILLED"
+        moved = [(m, h) for m, p, h in answerer.seen if p.startswith("/moved/")]
+        assert ("POST", f"Bearer {TOKEN}") in [(m, h.get("Authorization")) for m, h in moved]
+    finally:
+        answerer.close()
+
+
+def test_proxies_from_the_environment_as_requests_reads_them(
+    server: MlflowServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dead HTTP_PROXY with the server exempted by a CIDR range in NO_PROXY; then a server
+    whose name resolves only at the proxy, reached through ALL_PROXY."""
+    from lifeguard.guardian import rest
+
+    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+    dead = f"http://127.0.0.1:{free_port()}"
+    monkeypatch.setenv("HTTP_PROXY", dead)
+    monkeypatch.setenv("NO_PROXY", "localhost,127.0.0.0/8")
+    assert isinstance(rest.RestStore(server.uri, rest.Budget(20)).experiment_ids(), list)
+
+    proxy = Answerer(server.port, mode="forward")
+    try:
+        monkeypatch.delenv("HTTP_PROXY")
+        monkeypatch.delenv("NO_PROXY")
+        monkeypatch.setenv("ALL_PROXY", proxy.uri)
+        assert rest.unsupported("http://mlflow.invalid:5000") is None
+        store = rest.RestStore("http://mlflow.invalid:5000", rest.Budget(20))
+        assert isinstance(store.experiment_ids(), list)
+        assert proxy.seen and proxy.seen[0][1].startswith("/api/2.0/mlflow/")
+        monkeypatch.setenv("ALL_PROXY", "socks5://127.0.0.1:1080")
+        assert "socks5 proxy" in (rest.unsupported("http://mlflow.invalid:5000") or "")
+    finally:
+        proxy.close()

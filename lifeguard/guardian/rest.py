@@ -29,11 +29,14 @@ only in the request headers: never in an error text, a log line or the journal.
 
 from __future__ import annotations
 
+import io  # loaded by every interpreter at start-up: free
 import os
 import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import socket
+    import ssl
     from collections.abc import Iterator
 
     from lifeguard.guardian.journal import Entry, Journal
@@ -58,6 +61,15 @@ TAG_ENDED_BY = "lifeguard.ended_by"
 PLUGIN_GROUPS = ("mlflow.request_header_provider", "mlflow.request_auth_provider")
 # The smallest timeout worth trying a request with: less fails on a loaded machine anyway.
 MIN_TIMEOUT = 0.2
+# MLflow's answers here are small (a runs/search page of 1000 runs with their tags is a few
+# MiB): more is not MLflow talking, and reading it would grow an idle guardian without bound.
+MAX_ANSWER = 8 << 20
+# An error or a redirect is read only for its error_code and message.
+MAX_ERROR_ANSWER = 64 << 10
+CHUNK = 64 << 10
+# requests follows 30; a server that needs more than a few is misconfigured.
+MAX_REDIRECTS = 5
+REDIRECTS = (301, 302, 303, 307, 308)
 
 # Results, the same strings as lifeguard.backends.mlflow.runs (which imports mlflow).
 ENDED = "ended"
@@ -135,6 +147,9 @@ def unsupported(uri: str) -> str | None:
     plugins = _plugin_reason()
     if plugins:
         return f"MLflow request plug-ins are installed ({plugins})"
+    proxy = _proxy_for(uri)
+    if proxy is not None and not proxy.lower().startswith("http://"):
+        return f"a {proxy.partition('://')[0]} proxy needs MLflow's client"
     return None
 
 
@@ -142,8 +157,10 @@ def warm() -> None:
     """Do the REST path's one-off work now (imports, the plug-in lookup), while the program
     still runs: a guardian calls this when it first hears of an http(s) store, so that the
     moment of death costs only the requests."""
+    import http.client  # noqa: F401
     import json  # noqa: F401
     import ssl  # noqa: F401
+    import urllib.parse
     import urllib.request  # noqa: F401
 
     import lifeguard.guardian.journal
@@ -260,15 +277,13 @@ class RestStore:
         workspace = os.environ.get("MLFLOW_WORKSPACE", "").strip()
         if workspace:
             self._headers["X-MLFLOW-WORKSPACE"] = workspace
-        self._opener = self._make_opener()
+        self.origin = _origin(self.base)
+        self._ctx: ssl.SSLContext | None = None
 
-    def _make_opener(self) -> object:
-        import urllib.request
+    def _ssl_context(self) -> ssl.SSLContext:
+        import ssl
 
-        handlers: list[object] = []
-        if self.base.lower().startswith("https://"):
-            import ssl
-
+        if self._ctx is None:
             ctx = ssl.create_default_context(cafile=self._ca_file())
             if _truthy("MLFLOW_TRACKING_INSECURE_TLS"):
                 ctx.check_hostname = False
@@ -276,8 +291,8 @@ class RestStore:
             client_cert = os.environ.get("MLFLOW_TRACKING_CLIENT_CERT_PATH")
             if client_cert:
                 ctx.load_cert_chain(client_cert)
-            handlers.append(urllib.request.HTTPSHandler(context=ctx))
-        return urllib.request.build_opener(*handlers)  # type: ignore[arg-type]
+            self._ctx = ctx
+        return self._ctx
 
     @staticmethod
     def _ca_file() -> str | None:
@@ -298,28 +313,15 @@ class RestStore:
     def call(self, method: str, endpoint: str, body: dict[str, object]) -> dict[str, object]:
         """One request, bounded by what is left of the budget; the parsed JSON answer."""
         import json
-        import urllib.error
         import urllib.parse
-        import urllib.request
 
-        left = self.budget.left()
-        if left < MIN_TIMEOUT:
-            raise RestError(f"{endpoint}: no time left before the deadline")
         url = self.base + API + endpoint
         data = None
         if method == "GET":
             url += "?" + urllib.parse.urlencode(body)
         else:
             data = json.dumps(body).encode()
-        request = urllib.request.Request(url, data=data, headers=self._headers, method=method)
-        try:
-            with self._opener.open(request, timeout=left) as response:  # type: ignore[attr-defined]
-                text = response.read()
-        except urllib.error.HTTPError as exc:
-            raise _http_error(endpoint, exc) from None
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise RestError(f"{endpoint}: {type(exc).__name__}: {reason}") from None
+        text = self._send(method, endpoint, url, data)
         try:
             answer = json.loads(text or b"{}")
         except ValueError:
@@ -327,6 +329,120 @@ class RestStore:
         if not isinstance(answer, dict):
             raise RestError(f"{endpoint}: unexpected answer")
         return answer
+
+    def _send(self, method: str, endpoint: str, url: str, data: bytes | None) -> bytes:
+        """The body of the answer to ``method url``, following same-origin redirects as
+        requests does. Every step (connect, send, each read) is bounded by the budget, and the
+        answer by :data:`MAX_ANSWER` bytes."""
+        import http.client
+        from urllib.parse import urljoin
+
+        for _ in range(MAX_REDIRECTS + 1):
+            if self.budget.left() < MIN_TIMEOUT:
+                raise RestError(f"{endpoint}: no time left before the deadline")
+            if _origin(url) != self.origin:
+                # requests would drop the credentials and go on; a stranger's answer to an
+                # MLflow request (a login page's `{}` reads as "no runs") is not the truth
+                # about these runs, so it is a failure, and the credentials never leave.
+                raise RestError(
+                    f"{endpoint}: redirected to another origin ({_safe_origin(url)}); not followed"
+                )
+            try:
+                status, location, text = self._once(method, url, data)
+            except RestError as exc:
+                raise RestError(f"{endpoint}: {exc}") from None
+            except (http.client.HTTPException, OSError, ValueError) as exc:
+                raise RestError(f"{endpoint}: {type(exc).__name__}: {exc}") from None
+            if status in REDIRECTS:
+                if not location:
+                    raise RestError(f"{endpoint}: HTTP {status} without a Location")
+                url = urljoin(url, location)
+                # requests: 303 turns into GET, and so do 301/302 of a POST (as browsers do);
+                # 307 and 308 keep the method and the body.
+                if (status == 303 and method != "HEAD") or (
+                    status in (301, 302) and method == "POST"
+                ):
+                    method, data = "GET", None
+                continue
+            if status >= 300:
+                raise _http_error(endpoint, status, text)
+            return text
+        raise RestError(f"{endpoint}: more than {MAX_REDIRECTS} redirects")
+
+    def _once(self, method: str, url: str, data: bytes | None) -> tuple[int, str | None, bytes]:
+        """One exchange, no redirect followed: (status, Location, body)."""
+        import http.client
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(url)
+        https = parts.scheme.lower() == "https"
+        host = parts.hostname or ""
+        port = parts.port or (443 if https else 80)
+        target = parts.path or "/"
+        if parts.query:
+            target += "?" + parts.query
+        headers = {**self._headers, "Connection": "close"}
+        proxy = _proxy_for(url)
+        left = self.budget.left()
+        conn: http.client.HTTPConnection
+        if proxy is None:
+            if https:
+                conn = http.client.HTTPSConnection(
+                    host, port, timeout=left, context=self._ssl_context()
+                )
+            else:
+                conn = http.client.HTTPConnection(host, port, timeout=left)
+        else:
+            proxy_parts = urlsplit(proxy)
+            proxy_host = proxy_parts.hostname or ""
+            proxy_port = proxy_parts.port or 80
+            proxy_headers = {}
+            if proxy_parts.username is not None:
+                from urllib.parse import unquote
+
+                proxy_headers["Proxy-Authorization"] = _basic(
+                    unquote(proxy_parts.username), unquote(proxy_parts.password or "")
+                )
+            if https:
+                conn = http.client.HTTPSConnection(
+                    proxy_host, proxy_port, timeout=left, context=self._ssl_context()
+                )
+                conn.set_tunnel(host, port, headers=proxy_headers)
+            else:
+                conn = http.client.HTTPConnection(proxy_host, proxy_port, timeout=left)
+                target = url  # absolute-form, to a forward proxy
+                headers.update(proxy_headers)
+        sock = None
+        try:
+            conn.connect()
+            sock = conn.sock
+            conn.sock = _DeadlineSocket(sock, self.budget)
+            conn.request(method, target, body=data, headers=headers)
+            response = conn.getresponse()
+            status = response.status
+            cap = MAX_ANSWER if status < 300 else MAX_ERROR_ANSWER
+            length = response.getheader("Content-Length")
+            if length is not None and length.strip().isdigit() and int(length) > cap:
+                if status >= 300:
+                    return status, response.getheader("Location"), b""
+                raise RestError(f"the answer is larger than {cap} bytes")
+            chunks: list[bytes] = []
+            size = 0
+            while True:
+                chunk = response.read(CHUNK)
+                if not chunk:
+                    break
+                size += len(chunk)
+                if size > cap:
+                    if status >= 300:
+                        break  # an error or a redirect: its first bytes say enough
+                    raise RestError(f"the answer is larger than {cap} bytes")
+                chunks.append(chunk)
+            return status, response.getheader("Location"), b"".join(chunks)
+        finally:
+            conn.close()
+            if sock is not None:
+                sock.close()
 
     def status(self, run_id: str) -> str:
         answer = self.call("GET", "runs/get", {"run_id": run_id, "run_uuid": run_id})
@@ -474,25 +590,149 @@ class RestStore:
         return result
 
 
-def _http_error(endpoint: str, exc: object) -> RestError:
+def _http_error(endpoint: str, status: int, body: bytes) -> RestError:
     """The server's error_code and first line of message; the status code otherwise."""
     import json
 
-    status = int(getattr(exc, "code", 0) or 0)
     code = message = None
     try:
-        payload = json.loads(exc.read() or b"{}")  # type: ignore[attr-defined]
+        payload = json.loads(body or b"{}")
         if isinstance(payload, dict):
             code = payload.get("error_code")
             message = payload.get("message")
-    except (ValueError, OSError, AttributeError):
+    except ValueError:
         pass
     text = f"{endpoint}: HTTP {status}"
-    if code:
+    if isinstance(code, str) and code:
         text += f" {code}"
     if isinstance(message, str) and message.strip():
         text += f": {message.strip().splitlines()[0][:200]}"
     return RestError(text, status=status, code=code if isinstance(code, str) else None)
+
+
+def _origin(url: str) -> tuple[str, str, int]:
+    """(scheme, host, port) of ``url``: where credentials may go."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    return scheme, (parts.hostname or "").lower(), port or (443 if scheme == "https" else 80)
+
+
+def _safe_origin(url: str) -> str:
+    """``scheme://host:port`` of ``url``, for a message: no user-info, path or query."""
+    scheme, host, port = _origin(url)
+    return f"{scheme}://{host}:{port}"
+
+
+def _proxy_for(url: str) -> str | None:
+    """The proxy requests (under MLflow's client) would use for ``url`` from the environment:
+    ``<scheme>_proxy``, else ``all_proxy``, unless ``no_proxy`` exempts the host (requests'
+    ``should_bypass_proxies``: CIDR ranges for IPv4 addresses, suffixes with or without the
+    port for names, then urllib's ``proxy_bypass``)."""
+    import urllib.request
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    no_proxy = os.environ.get("no_proxy") or os.environ.get("NO_PROXY")
+    if no_proxy:
+        entries = [e for e in no_proxy.replace(" ", "").split(",") if e]
+        if _is_ipv4(host):
+            for entry in entries:
+                if "/" in entry:
+                    if _in_network(host, entry):
+                        return None
+                elif host == entry:
+                    return None
+        else:
+            with_port = f"{host}:{parts.port}" if parts.port else host
+            for entry in entries:
+                if host.endswith(entry) or with_port.endswith(entry):
+                    return None
+    proxies = urllib.request.getproxies_environment()
+    if host and urllib.request.proxy_bypass_environment(host, proxies):  # type: ignore[attr-defined]
+        return None
+    proxy = proxies.get(parts.scheme.lower()) or proxies.get("all")
+    if not proxy:
+        return None
+    return proxy if "://" in proxy else "http://" + proxy
+
+
+def _is_ipv4(host: str) -> bool:
+    import socket
+
+    try:
+        socket.inet_aton(host)
+    except OSError:
+        return False
+    return True
+
+
+def _in_network(address: str, cidr: str) -> bool:
+    """requests' ``is_valid_cidr`` and ``address_in_network``: an IPv4 ``a.b.c.d/n``, 1<=n<=32."""
+    import ipaddress
+
+    try:
+        network = ipaddress.IPv4Network(cidr, strict=False)
+        if not 1 <= network.prefixlen <= 32 or cidr.count("/") != 1:
+            return False
+        return ipaddress.IPv4Address(address) in network
+    except ValueError:
+        return False
+
+
+class _DeadlineSocket:
+    """A connected socket whose every send and read is bounded by what is left of the budget:
+    a per-call timeout alone lets a server that drips a byte at a time hold a request
+    forever."""
+
+    def __init__(self, sock: socket.socket, budget: Budget) -> None:
+        self.sock = sock
+        self.budget = budget
+
+    def _arm(self) -> None:
+        left = self.budget.left()
+        if left <= 0:
+            raise TimeoutError("the deadline passed during the request")
+        self.sock.settimeout(left)
+
+    def sendall(self, data: bytes) -> None:
+        self._arm()
+        self.sock.sendall(data)  # one timeout for all of it (Python >= 3.5)
+
+    def recv_into(self, buffer: memoryview) -> int:
+        self._arm()
+        return self.sock.recv_into(buffer)
+
+    def makefile(self, mode: str = "rb", *args: object, **kwargs: object) -> io.BufferedReader:
+        return io.BufferedReader(_DeadlineReader(self))
+
+    def close(self) -> None:
+        # http.client closes its socket once an answer that ends with the connection is under
+        # way, and reads the rest through makefile()'s reader: the caller closes ``sock``.
+        pass
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.sock, name)
+
+
+class _DeadlineReader(io.RawIOBase):
+    """What http.client reads the answer from, one bounded ``recv_into`` at a time."""
+
+    def __init__(self, sock: _DeadlineSocket) -> None:
+        super().__init__()
+        self.sock = sock
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        return self.sock.recv_into(memoryview(buffer).cast("B"))
 
 
 def _list(value: object) -> list[dict[str, object]]:
