@@ -128,7 +128,11 @@ class ProcessHooks:
     # -- the hooks -------------------------------------------------------------------------
 
     def _atexit(self) -> None:
-        self._lifecycle.on_interpreter_exit()
+        try:
+            self._lifecycle.on_interpreter_exit()
+        finally:
+            if self._lifecycle.owns_process():
+                _keep_ctrl_c_exit()
 
     def _excepthook(
         self, tp: type[BaseException], value: BaseException, tb: TracebackType | None
@@ -164,6 +168,24 @@ class ProcessHooks:
                 # the whole stack above stays alive until finalization.
                 lifecycle.note_exit(code, sys._getframe(2))
             self.move_atexit_to_front()
+
+
+def _keep_ctrl_c_exit() -> None:
+    """After an uncaught KeyboardInterrupt, CPython dies of SIGINT once finalized (exit_sigint()),
+    as a shell expects of Ctrl-C. It keeps that in a flag that every ``exec`` of a string resets
+    (``run_eval_code_obj``, 3.10 to 3.13), and our excepthook and finalizers may exec: an import
+    that defines an enum or a dataclass, SQLAlchemy's generated code in a store write (every
+    Ctrl-C on 3.10 with a sqlite store). The process then exited 1 where without lifeguard it
+    died of SIGINT. One exec that raises KeyboardInterrupt sets the flag again, as the top level
+    set it. The flag is set only for that exact type (``PyErr_Occurred() == KeyboardInterrupt``)
+    and ``sys.last_exc``/``last_value`` only for an exception that reached the top level."""
+    last = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    if type(last) is not KeyboardInterrupt:
+        return
+    try:
+        exec("raise KeyboardInterrupt", {})
+    except KeyboardInterrupt:
+        pass
 
 
 def _without_own_frames(tb: TracebackType) -> TracebackType:

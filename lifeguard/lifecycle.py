@@ -10,6 +10,7 @@ from __future__ import annotations
 import _thread
 import os
 import sys
+import time
 
 from lifeguard._log import logger
 from lifeguard.finalizers import Registry
@@ -48,6 +49,8 @@ class Lifecycle:
         self.guardian_pid: int | None = None  # the watchdog's, if this process started one
         # A signal that arrived while finalizing an exit or a crash: die of it once done.
         self.die_after: int | None = None
+        # When finalize() started (monotonic): such a signal waits at most until the deadline.
+        self.finalize_started: float | None = None
         # Held until finalize() has run: wait_finalized() waits for its release.
         self._finalized = _thread.allocate_lock()
         self._finalized.acquire()
@@ -143,6 +146,7 @@ class Lifecycle:
         """Run every finalizer once with ``outcome``. Later calls return [] and do nothing."""
         if not self.owns_process() or not self._once.acquire(blocking=False):
             return []
+        self.finalize_started = time.monotonic()
         self.phase = Phase.FINALIZING
         self.outcome = outcome
         reports: list[Report] = []
@@ -171,6 +175,7 @@ class Lifecycle:
         self._finalized.acquire()
         self.outcome = None
         self.die_after = None
+        self.finalize_started = None
         self.keep_alive = None
         self.phase = Phase.INSTALLED
 

@@ -43,7 +43,9 @@ class MlflowServer:
     ``job_runner`` (off by default) starts MLflow's job execution: a job runner and seven huey
     consumers, each importing mlflow. Nothing here uses jobs, and on two cores they cost more CPU
     than the server itself. ``env`` adds variables to the server's environment (which otherwise
-    is ours without any ``MLFLOW_*``)."""
+    is ours without any ``MLFLOW_*``). ``python`` is the interpreter that runs `mlflow server`
+    (ours by default): a program with `mlflow-skinny`, which has no server and no SQL store,
+    is tested against a server from another environment's full install."""
 
     def __init__(
         self,
@@ -52,6 +54,7 @@ class MlflowServer:
         *,
         job_runner: bool = False,
         env: Mapping[str, str] | None = None,
+        python: str | None = None,
     ) -> None:
         self.root = root
         self.port = port or free_port()
@@ -60,11 +63,12 @@ class MlflowServer:
         self.log = root / "server.log"
         self.job_runner = job_runner
         self.extra_env = dict(env or {})
+        self.python = python or sys.executable
 
     def start(self) -> MlflowServer:
         self.root.mkdir(parents=True, exist_ok=True)
         server = [
-            sys.executable, "-m", "mlflow", "server",
+            self.python, "-m", "mlflow", "server",
             "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
             "--default-artifact-root", (self.root / "artifacts").as_uri(),
             "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",

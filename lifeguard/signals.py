@@ -174,6 +174,9 @@ class SignalWatch:
         self.parked_now = False
         # A copy of the main thread's contextvars, taken by its handler for the ender.
         self.main_context: object = None
+        # When a signal came while finalizing an exit or a crash: the monotonic time by which
+        # the listener makes the process die of it, finished or not (see _overdue).
+        self.die_by: float | None = None
 
     # -- install / uninstall -------------------------------------------------------------------
 
@@ -244,6 +247,9 @@ class SignalWatch:
         # in a system call would never be interrupted to run its handler.
         _signal.pthread_sigmask(_signal.SIG_BLOCK, _signal.valid_signals())
         while True:
+            if self.die_by is not None and not self._readable_before(self.die_by):
+                self._overdue()
+                continue
             try:
                 data = os.read(self._read_fd, 512)
             except OSError:
@@ -260,6 +266,25 @@ class SignalWatch:
             for signum in data:
                 if signum in self.takeover and _signal.getsignal(signum) == self.handler:
                     self.notice(signum, now, escalate=True)
+            self._bound_the_wait()
+
+    def _bound_the_wait(self) -> None:
+        """A signal came while finalizing an exit or a crash: the process dies of it once the
+        finalizers are done, but no later than the deadline. Finalizers that run inline (Python
+        3.12 refuses new threads in atexit) have no deadline of their own, and one that hangs
+        kept the process from the death it was sent. A grace second lets finalizers in threads,
+        abandoned at the deadline, finish first. Here, in the listener, which wakes for every
+        delivery, whichever of it and the main thread's handler noticed the signal first."""
+        lifecycle = self._lifecycle
+        started = lifecycle.finalize_started
+        if (
+            self.die_by is None
+            and self.first is not None
+            and started is not None
+            and lifecycle.is_finalizing()
+            and not _for_a_signal(lifecycle)
+        ):
+            self.die_by = started + lifecycle.options.deadline + 1.0
 
     # -- one signal, noticed -------------------------------------------------------------------
 
@@ -299,6 +324,36 @@ class SignalWatch:
                 signum,
             )
             _die(signum)
+
+    def _readable_before(self, when: float) -> bool:
+        """Whether the pipe has data before ``when`` (monotonic). select only now: install()
+        imports no extension module it does not need."""
+        import select
+
+        try:
+            ready, _, _ = select.select([self._read_fd], [], [], max(0.0, when - time.monotonic()))
+        except (OSError, ValueError):
+            return True  # let os.read report the closed pipe
+        return bool(ready)
+
+    def _overdue(self) -> None:
+        """The deadline passed with the finalizing of an exit or a crash not done, and a signal
+        waiting for it: die of that signal now. The statuses not written yet are in the journal
+        (written before each store write), or with the watchdog."""
+        self.die_by = None
+        lifecycle = self._lifecycle
+        first = self.first
+        signum = lifecycle.die_after if lifecycle.die_after is not None else first and first[0]
+        if not signum or lifecycle.is_done():
+            return  # finalize() has died of it, or is about to
+        from lifeguard._log import logger
+
+        logger().warning(
+            "lifeguard: finalizers still running at the deadline with signal %d pending; "
+            "exiting now, the statuses not written yet stay in the journal",
+            signum,
+        )
+        _die(signum)
 
     def _hold_the_interpreter_open(self) -> None:
         """A main thread that runs on to the end of the program while the ender finalizes must

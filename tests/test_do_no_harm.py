@@ -7,6 +7,7 @@ The exit status of ``sys.exit(x)`` is CPython's, whatever ``x`` is; a bad option
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -168,6 +169,34 @@ def test_unprintable_exception_keeps_the_excepthook_quiet() -> None:
 
 def _raise(self: object) -> str:
     raise RuntimeError("no")
+
+
+# An uncaught KeyboardInterrupt makes CPython die of SIGINT once finalized, but every exec() of a
+# string at exit resets the flag that says so (3.10 to 3.13): a finalizer that execs (an import
+# defining an enum or a dataclass, SQLAlchemy generating code in a store write) made the program
+# exit 1. "exec" is the finalizer's work; "import" is lifeguard's own excepthook importing its
+# modules for the first time (it made `install(); raise KeyboardInterrupt` exit 1 on 3.11).
+CTRL_C_PROGRAMS = {
+    "exec": "lifeguard.register(lambda outcome: exec('pass'), name='execs')",
+    "import": "pass",
+}
+
+
+@pytest.mark.parametrize("work", list(CTRL_C_PROGRAMS))
+def test_an_uncaught_keyboard_interrupt_still_dies_of_sigint(work: str) -> None:
+    work_line = CTRL_C_PROGRAMS[work]
+    code = f"import lifeguard\nlifeguard.install()\n{work_line}\nraise KeyboardInterrupt\n"
+    for program in ("raise KeyboardInterrupt", code):  # without lifeguard, then with it
+        result = subprocess.run(
+            [sys.executable, "-c", program],
+            capture_output=True,
+            text=True,
+            timeout=CHILD_TIMEOUT,
+            # A runner that ignores SIGINT passes that on; a terminal's program has Python's.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
+        assert result.returncode == -signal.SIGINT, (program, result.stderr)
+        assert result.stderr.rstrip().endswith("KeyboardInterrupt")
 
 
 # -- 3. numeric options: refused at install() when no timer can take them ------------------

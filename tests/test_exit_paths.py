@@ -4,6 +4,7 @@ real sqlite store, with ``import mlflow`` both before and after ``install()``.""
 from __future__ import annotations
 
 import signal
+import sys
 import time
 
 import pytest
@@ -67,8 +68,15 @@ def test_exit_path(scenario: Scenario, store: Store, path: str, order: str) -> N
 def test_stderr_and_exit_status_as_without_lifeguard(scenario: Scenario, path: str) -> None:
     raw = scenario.run("--path", path, "--order", "none")
     guarded = scenario.run("--path", path, "--order", "before")
-    assert guarded.returncode == raw.returncode
     assert guarded.stderr == raw.stderr
+    if path == "KeyboardInterrupt" and raw.returncode == 1 and sys.version_info < (3, 11):
+        # Raw MLflow's own atexit end_run, on 3.10 with a SQL store, makes SQLAlchemy generate
+        # code (an exec) and CPython forgets the Ctrl-C: the program exits 1. With lifeguard the
+        # run is already ended, MLflow's hook writes nothing, and it dies of SIGINT (README,
+        # Limitations).
+        assert guarded.returncode == -signal.SIGINT
+        return
+    assert guarded.returncode == raw.returncode
 
 
 def test_exit_message_printed_and_recorded(scenario: Scenario, store: Store) -> None:

@@ -3,8 +3,10 @@ finalizers, impatient operators, nested and threaded runs, forked workers, expli
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import sys
 import time
 
 import pytest
@@ -189,6 +191,17 @@ def test_first_sigterm_while_finalizing_a_crash_waits_then_kills(
     assert "FINALIZING" in result.stdout
     assert result.returncode == -signal.SIGTERM
     [run_id] = result.ready["run_ids"]
+    if sys.version_info[:2] == (3, 12):
+        # 3.12 refuses new threads in atexit: the finalizers run inline, newest first, and the
+        # blocking one never returns. The SIGTERM still ends the process at the deadline, and
+        # the run's FAILED is in the journal (written before any finalizer ran) for the next
+        # install() or sweep, which the finalizers after it never got to write.
+        entry = json.loads((store.path.parent / "journal" / f"{run_id}.json").read_text())
+        assert entry["status"] == "FAILED"
+        assert entry["tags"]["lifeguard.exception"] == "RuntimeError"
+        assert store.status(run_id) == "RUNNING"
+        assert scenario.calls() == []
+        return
     assert store.status(run_id) == "FAILED"
     assert store.run(run_id).data.tags["lifeguard.exception"] == "RuntimeError"
     assert scenario.calls() == [(result.ready["pid"], "FAILED")]
