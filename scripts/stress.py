@@ -194,6 +194,13 @@ def wait_pidfd(fd: int, timeout: float) -> bool:
     return bool(select.select([fd], [], [], max(0.0, timeout))[0])
 
 
+def default_dispositions() -> None:
+    """Between fork and exec: SIG_DFL and unblocked for every signal a trial sends."""
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+
+
 def child_env(uri: str, journal: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LIFEGUARD_", "MLFLOW_"))}
     env.update(
@@ -294,6 +301,10 @@ def run_trial(ctx: Context, trial: Trial) -> Result:
         cwd=workdir,  # MLflow's default artifact root for a sqlite store is ./mlruns
         env=child_env(uri, journal),
         start_new_session=True,
+        # Default dispositions for the signals under test, whatever this harness inherited: an
+        # exec keeps an ignored signal ignored (SIGHUP under nohup; SIGINT for a background job
+        # of a non-interactive shell), and lifeguard rightly keeps it so.
+        preexec_fn=default_dispositions,
     )
     ctx.reaper.add_group(proc.pid)
     pidfd = os.pidfd_open(proc.pid)
