@@ -395,11 +395,12 @@ class SignalWatch:
         write (and sqlite's lock) completes, and a run that ``start_run`` was creating is on its
         stack by the time the finalizers look. And let the main thread's handler run, which
         hands over its contextvars. Bounded: a main thread stuck in C is not waited for past a
-        quarter of the deadline (1 s at most)."""
+        quarter of the deadline (2.5 s at most: a start_run against a server on a loaded machine
+        took over 1 s)."""
         main = _main_thread_ident()
         if main is None:
             return
-        give_up = time.monotonic() + min(1.0, self._lifecycle.options.deadline / 4)
+        give_up = time.monotonic() + min(2.5, self._lifecycle.options.deadline / 4)
         while time.monotonic() < give_up:
             if self.main_context is not None and self.parked_now:
                 return

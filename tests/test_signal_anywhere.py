@@ -317,6 +317,42 @@ threading.Event().wait()
     assert {r.info.status for r in runs} == {"KILLED"}, result.stderr
 
 
+def test_a_run_whose_start_outlasts_the_ender_s_wait_is_ended_too(store: Store) -> None:
+    """The stress test's one lost run: a nested start_run against a slow store (a loaded
+    server) was still creating its run when the ender stopped waiting and made its plan; the
+    run was pushed after, without owner tags (lifeguard had left MLflow's context), and stayed
+    RUNNING. Here the store takes 3 s over the INSERT, past the ender's wait (at most 2.5 s),
+    holding sqlite's lock: the run appears only after the plan, and must still end KILLED."""
+    result = run(
+        program(
+            """
+engine = mlflow.tracking._tracking_service.utils._get_store().engine
+fired = []
+@sqlalchemy.event.listens_for(engine, "after_cursor_execute")
+def _(conn, cursor, statement, *rest):
+    if statement.lstrip().upper().startswith("INSERT INTO RUNS") and not fired:
+        fired.append(1)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(3.0)  # part of the program under test: a store slow to create a run
+demo.announce(run_ids=[run.info.run_id])
+sys.stdin.readline()  # the test has the ready line: now the nested start_run
+child = mlflow.start_run(nested=True)
+os.write(1, b"UNREACHED %s\\n" % child.info.run_id.encode())
+threading.Event().wait()
+"""
+        ),
+        store,
+        install={"deadline": 20.0},
+    )
+    assert result.returncode == -signal.SIGTERM, result.stderr
+    runs = store.client.search_runs(["0"])
+    assert len(runs) == 2
+    assert {r.info.status for r in runs} == {"KILLED"}, result.stderr
+    # Both carry their owner, the late one too.
+    assert all("lifeguard.owner.pid" in r.data.tags for r in runs)
+    assert journal_files(store) == []
+
+
 def test_a_forked_worker_ends_its_own_run(store: Store) -> None:
     """A multiprocessing worker started with fork calls install() and starts its own run. Its
     install() used to chain to the parent's handler, which saw a foreign pid and killed at once,

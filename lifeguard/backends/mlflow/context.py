@@ -82,7 +82,9 @@ def _preload_exit_path() -> None:
 class OwnerRunContext(RunContextProvider):
     def in_context(self) -> bool:
         lifecycle = current()
-        return lifecycle is not None and lifecycle.is_installed()
+        # While finalizing too: a start_run that a signal interrupted runs on to its end before
+        # the main thread is parked, and the run it creates must carry its owner like any other.
+        return lifecycle is not None and (lifecycle.is_installed() or lifecycle.is_finalizing())
 
     def tags(self) -> dict[str, str]:
         global _owner, created_outside_fluent

@@ -86,6 +86,7 @@ class Plan:
         self.main_runs = main_runs
         self.defer_to = defer_to
         self.interrupted_a_run_change = False
+        self.skip: frozenset[str] = frozenset()
 
     @classmethod
     def make(cls, fluent: object, outcome: Outcome, finalizer: MlflowFinalizer) -> Plan:
@@ -121,7 +122,9 @@ class Plan:
                     journal.write(entry)
                 except (OSError, ValueError) as exc:
                     logger().error("lifeguard: cannot journal run %s: %s", entry.run_id, exc)
-        return cls(fluent, outcome, entries, main_runs, defer_to, spellings)
+        plan = cls(fluent, outcome, entries, main_runs, defer_to, spellings)
+        plan.skip = skip
+        return plan
 
     def carry_out(self) -> object:
         """End the runs. Returns PENDING if any is only journaled."""
@@ -151,6 +154,7 @@ class Plan:
             # wait on it. Nothing in those frames can end a run any more (see _forget).
             _release_frames(self.outcome)
         _bounded_flush(fluent, _flush_budget(self.outcome))
+        self._add_runs_started_since()
         if self.defer_to is not None:
             # The supervisor knows the real exit status (a bare `raise SystemExit(n)` looks like
             # a clean return from in here): hand the runs over rather than guess.
@@ -160,12 +164,21 @@ class Plan:
         journal = Journal()
         confirmed = True
         with mlflow_runs.bounded_http(time_left()):
-            for uri, entries in self._by_store().items():
-                store = self.stores.get(uri)
-                client = MlflowClient(tracking_uri=store.client_uri() if store else uri)
-                for entry in entries:
-                    result = mlflow_runs.apply(client, entry, journal=journal, write_ahead=False)
-                    confirmed &= result in (mlflow_runs.ENDED, mlflow_runs.ALREADY_ENDED)
+            pending = list(self.entries)
+            # Twice at most: a start_run that held the store's lock until our first writes
+            # went through pushes its run just then.
+            for _ in range(2):
+                for uri, entries in _grouped(pending).items():
+                    store = self.stores.get(uri)
+                    client = MlflowClient(tracking_uri=store.client_uri() if store else uri)
+                    for entry in entries:
+                        result = mlflow_runs.apply(
+                            client, entry, journal=journal, write_ahead=False
+                        )
+                        confirmed &= result in (mlflow_runs.ENDED, mlflow_runs.ALREADY_ENDED)
+                pending = self._add_runs_started_since()
+                if not pending:
+                    break
             me = Owner.current()
             known = [e.run_id for e in self.entries]
             # Runs on no stack are created against the store in use now (Lightning's logger).
@@ -180,11 +193,52 @@ class Plan:
                 confirmed &= result in (mlflow_runs.ENDED, mlflow_runs.ALREADY_ENDED)
         return None if confirmed else PENDING
 
+    def _add_runs_started_since(self) -> list[Entry]:
+        """A signal can interrupt ``start_run`` itself: the main thread runs on to the end of
+        the call (it may hold sqlite's lock) and the ender waits for that only so long. A run
+        it pushed after the plan was made is ended too (journaled first, like the others)."""
+        from lifeguard.backends.mlflow import stores
+        from lifeguard.backends.mlflow.runs import TAG_ENDED_BY
+        from lifeguard.guardian.journal import Entry, Journal
+
+        known = {entry.run_id for entry in self.entries}
+        late = [
+            run
+            for _, run in active_runs(self.fluent)
+            if run.info.run_id not in known and run.info.run_id not in self.skip  # type: ignore[attr-defined]
+        ]
+        if not late:
+            return []
+        store_of = stores.of_active_runs(self.fluent)
+        template = self.entries[0] if self.entries else None
+        tags = dict(template.tags) if template else {**self.outcome.tags(), TAG_ENDED_BY: "process"}
+        end_time = template.end_time if template else int(self.outcome.time * 1000)
+        journal = Journal() if self.defer_to is None else None
+        added: list[Entry] = []
+        for run in late:
+            run_id: str = run.info.run_id  # type: ignore[attr-defined]
+            store = store_of.get(run_id) or stores.current()
+            self.stores[store.absolute] = store
+            entry = Entry(run_id, store.absolute, self.outcome.status.value, end_time, dict(tags))
+            self.entries.append(entry)
+            added.append(entry)
+            if journal is not None:
+                try:
+                    journal.write(entry)
+                except (OSError, ValueError) as exc:
+                    logger().error("lifeguard: cannot journal run %s: %s", run_id, exc)
+        return added
+
     def _by_store(self) -> dict[str, list[Entry]]:
-        groups: dict[str, list[Entry]] = {}
-        for entry in self.entries:
-            groups.setdefault(entry.tracking_uri, []).append(entry)
-        return groups
+        return _grouped(self.entries)
+
+
+def _grouped(entries: list[Entry]) -> dict[str, list[Entry]]:
+    """The entries by store (absolute URI), in their order."""
+    groups: dict[str, list[Entry]] = {}
+    for entry in entries:
+        groups.setdefault(entry.tracking_uri, []).append(entry)
+    return groups
 
 
 def _raised_in_run_change() -> bool:
