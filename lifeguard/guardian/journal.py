@@ -33,10 +33,15 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
 __all__ = [
+    "ALREADY_ENDED",
+    "ENDED",
+    "FAILED",
+    "JOURNALED",
     "Entry",
     "Journal",
     "JournalError",
     "Untrusted",
+    "after_failed_write",
     "default_dir",
     "read_private",
     "redact_uri",
@@ -49,6 +54,13 @@ CORRUPT_SUFFIX = ".corrupt"
 REFUSED_SUFFIX = ".refused"
 # An entry is a few hundred bytes; anything much bigger is not one of ours.
 MAX_ENTRY_BYTES = 64 * 1024
+
+
+# What ending a run from an entry came to: the same strings for every store path.
+ENDED = "ended"
+ALREADY_ENDED = "already ended"
+JOURNALED = "journaled"
+FAILED = "failed"  # neither written nor journaled (the journal itself is unusable)
 
 
 class JournalError(RuntimeError):
@@ -303,6 +315,16 @@ class Journal:
                 continue
             yield entry
 
+    def keep(self, entry: Entry) -> bool:
+        """Write ``entry``; a journal that cannot take it is logged, never raised (the store
+        write, or the guardian, may still land the status). Whether it was written."""
+        try:
+            self.write(entry)
+        except (OSError, JournalError, ValueError) as exc:
+            logger().error("lifeguard: cannot journal run %s: %s", entry.run_id, exc)
+            return False
+        return True
+
     def _refuse_file(self, path: str, why: str) -> None:
         # The directory is ours and private: renaming the entry (never what a symlink points
         # to: rename acts on the link) is safe, and takes it out of every later replay.
@@ -328,3 +350,20 @@ class Journal:
             os.replace(path, aside)
         except OSError as exc:
             logger().error("lifeguard: could not set %s aside: %s", path, exc)
+
+
+def after_failed_write(journal: Journal | None, entry: Entry, where: str, error: object) -> str:
+    """A store write of ``entry`` failed: journal it unless it came from the journal, and say
+    so. Returns the result both store paths (mlflow's and the REST one) report for it."""
+    if journal is not None and entry.path is None:
+        journal.keep(entry)
+    kept = f"; kept in the journal ({entry.path})" if entry.path else ""
+    logger().warning(
+        "lifeguard: could not end run %s as %s at %s: %s%s",
+        entry.run_id,
+        entry.status,
+        where,
+        error,
+        kept,
+    )
+    return JOURNALED if entry.path else FAILED

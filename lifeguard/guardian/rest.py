@@ -33,6 +33,11 @@ import io  # loaded by every interpreter at start-up: free
 import os
 import time
 
+# Results: the journal's, the same as lifeguard.backends.mlflow.runs (which imports mlflow).
+from lifeguard.guardian.journal import ALREADY_ENDED, ENDED, after_failed_write
+from lifeguard.guardian.journal import FAILED as FAILED
+from lifeguard.guardian.journal import JOURNALED as JOURNALED
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import socket
@@ -70,12 +75,6 @@ CHUNK = 64 << 10
 # requests follows 30; a server that needs more than a few is misconfigured.
 MAX_REDIRECTS = 5
 REDIRECTS = (301, 302, 303, 307, 308)
-
-# Results, the same strings as lifeguard.backends.mlflow.runs (which imports mlflow).
-ENDED = "ended"
-ALREADY_ENDED = "already ended"
-JOURNALED = "journaled"
-FAILED = "failed"
 
 
 class RestError(Exception):
@@ -552,7 +551,7 @@ class RestStore:
     ) -> str:
         """``runs.apply`` over REST: write ``entry`` unless the run is no longer RUNNING."""
         if journal is not None and write_ahead:
-            _journal(journal, entry)
+            journal.keep(entry)
         try:
             if not seen_running and self.status(entry.run_id) != RUNNING:
                 result = ALREADY_ENDED
@@ -571,20 +570,7 @@ class RestStore:
                 )
                 result = ENDED
         except RestError as exc:
-            if journal is not None and entry.path is None:
-                _journal(journal, entry)
-            from lifeguard._log import logger
-
-            where = f"; kept in the journal ({entry.path})" if entry.path else ""
-            logger().warning(
-                "lifeguard: could not end run %s as %s at %s: %s%s",
-                entry.run_id,
-                entry.status,
-                self.tracking_uri,
-                exc,
-                where,
-            )
-            return JOURNALED if entry.path else FAILED
+            return after_failed_write(journal, entry, self.tracking_uri, exc)
         if journal is not None and entry.path is not None:
             journal.remove(entry)
         return result
@@ -742,14 +728,3 @@ def _list(value: object) -> list[dict[str, object]]:
 def _token(answer: dict[str, object]) -> str | None:
     token = answer.get("next_page_token")
     return token if isinstance(token, str) and token else None
-
-
-def _journal(journal: Journal, entry: Entry) -> None:
-    from lifeguard.guardian.journal import JournalError
-
-    try:
-        journal.write(entry)
-    except (OSError, JournalError, ValueError) as exc:
-        from lifeguard._log import logger
-
-        logger().error("lifeguard: cannot journal run %s: %s", entry.run_id, exc)

@@ -118,10 +118,7 @@ class Plan:
         if defer_to is None and entries:
             journal = Journal()
             for entry in entries:
-                try:
-                    journal.write(entry)
-                except (OSError, ValueError) as exc:
-                    logger().error("lifeguard: cannot journal run %s: %s", entry.run_id, exc)
+                journal.keep(entry)
         plan = cls(fluent, outcome, entries, main_runs, defer_to, spellings)
         plan.skip = skip
         return plan
@@ -223,10 +220,7 @@ class Plan:
             self.entries.append(entry)
             added.append(entry)
             if journal is not None:
-                try:
-                    journal.write(entry)
-                except (OSError, ValueError) as exc:
-                    logger().error("lifeguard: cannot journal run %s: %s", run_id, exc)
+                journal.keep(entry)
         return added
 
     def _by_store(self) -> dict[str, list[Entry]]:

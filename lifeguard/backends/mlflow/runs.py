@@ -13,7 +13,16 @@ from mlflow.entities import RunTag, ViewType
 from mlflow.tracking import MlflowClient
 
 from lifeguard._log import logger
-from lifeguard.guardian.journal import Entry, Journal, JournalError, redact_uri
+from lifeguard.guardian.journal import (
+    ALREADY_ENDED,
+    ENDED,
+    FAILED,
+    JOURNALED,
+    Entry,
+    Journal,
+    after_failed_write,
+    redact_uri,
+)
 from lifeguard.owner import TAG_PID, Owner
 
 TYPE_CHECKING = False
@@ -25,7 +34,12 @@ if TYPE_CHECKING:
     from lifeguard.outcome import Outcome
 
 __all__ = [
+    "ALREADY_ENDED",
+    "ENDED",
+    "FAILED",
+    "JOURNALED",
     "RUNNING",
+    "SUPERSEDED",
     "TAG_ENDED_BY",
     "bounded_http",
     "find_running_owned_by",
@@ -38,11 +52,7 @@ PAGE = 1000  # runs per search request
 EXPERIMENTS_PER_SEARCH = 100
 TAG_ENDED_BY = "lifeguard.ended_by"
 
-# Results of terminate() / replay.
-ENDED = "ended"
-ALREADY_ENDED = "already ended"
-JOURNALED = "journaled"
-FAILED = "failed"  # neither written nor journaled (the journal itself is unusable)
+# Results of terminate() / replay, besides the journal's (ENDED, ALREADY_ENDED, ...).
 SUPERSEDED = "superseded"  # a replayed entry whose run was resumed since: dropped
 
 
@@ -105,7 +115,7 @@ def apply(client: MlflowClient, entry: Entry, *, journal: Journal | None, write_
     the entry is journaled before the first call, so that a call cut off by the deadline (or a
     SIGKILL in the middle of it) loses nothing; otherwise it is journaled only on failure."""
     if journal is not None and write_ahead:
-        _journal(journal, entry)
+        journal.keep(entry)
     try:
         # Never overwrite a run somebody already ended (the user, another guardian).
         if not _still_running(client, entry.run_id):
@@ -115,18 +125,7 @@ def apply(client: MlflowClient, entry: Entry, *, journal: Journal | None, write_
             _set_terminated(client, entry)
             result = ENDED
     except Exception as exc:  # noqa: BLE001 - any failure to reach the store means: keep it
-        if journal is not None and entry.path is None:
-            _journal(journal, entry)
-        where = f"; kept in the journal ({entry.path})" if entry.path else ""
-        logger().warning(
-            "lifeguard: could not end run %s as %s at %s: %s%s",
-            entry.run_id,
-            entry.status,
-            client.tracking_uri,
-            _first_line(exc),
-            where,
-        )
-        return JOURNALED if entry.path else FAILED
+        return after_failed_write(journal, entry, client.tracking_uri, _first_line(exc))
     if journal is not None and entry.path is not None:
         journal.remove(entry)
     return result
@@ -166,13 +165,6 @@ def _set_terminated(client: MlflowClient, entry: Entry) -> None:
         end_time=entry.end_time,
         run_name=None,
     )
-
-
-def _journal(journal: Journal, entry: Entry) -> None:
-    try:
-        journal.write(entry)
-    except (OSError, JournalError) as exc:
-        logger().error("lifeguard: cannot journal run %s: %s", entry.run_id, exc)
 
 
 def replay_journal(
