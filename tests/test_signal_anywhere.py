@@ -288,13 +288,9 @@ mlflow.end_run()
     assert results[0].stderr == results[1].stderr
 
 
-def test_sigterm_inside_start_run_ends_the_run_it_was_creating(store: Store) -> None:
-    """The signal arrives after the store created the run but before start_run put it on the
-    active-run stack: the ender waits for the main thread to leave MLflow, so the run is on the
-    stack when the finalizer looks."""
-    result = run(
-        program(
-            """
+# SIGTERM from inside the store's INSERT of a nested run, then (SLOW seconds, part of the
+# program under test: a store slow to create a run) the rest of start_run.
+INSIDE_START_RUN = """
 engine = mlflow.tracking._tracking_service.utils._get_store().engine
 fired = []
 @sqlalchemy.event.listens_for(engine, "after_cursor_execute")
@@ -302,45 +298,34 @@ def _(conn, cursor, statement, *rest):
     if statement.lstrip().upper().startswith("INSERT INTO RUNS") and not fired:
         fired.append(1)
         os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(SLOW)
 demo.announce(run_ids=[run.info.run_id])
 sys.stdin.readline()  # the test has the ready line: now the nested start_run
 child = mlflow.start_run(nested=True)
 os.write(1, b"UNREACHED %s\\n" % child.info.run_id.encode())
 threading.Event().wait()
 """
-        ),
-        store,
-    )
-    assert result.returncode == -signal.SIGTERM, result.stderr
-    runs = store.client.search_runs(["0"])
-    assert len(runs) == 2
-    assert {r.info.status for r in runs} == {"KILLED"}, result.stderr
 
 
-def test_a_run_whose_start_outlasts_the_ender_s_wait_is_ended_too(store: Store) -> None:
-    """The stress test's one lost run: a nested start_run against a slow store (a loaded
-    server) was still creating its run when the ender stopped waiting and made its plan; the
-    run was pushed after, without owner tags (lifeguard had left MLflow's context), and stayed
-    RUNNING. Here the store takes 3 s over the INSERT, past the ender's wait (at most 2.5 s),
-    holding sqlite's lock: the run appears only after the plan, and must still end KILLED."""
+@pytest.mark.parametrize(
+    "slow",
+    [
+        # The signal arrives after the store created the run but before start_run put it on
+        # the active-run stack: the ender waits for the main thread to leave MLflow, so the run
+        # is on the stack when the finalizer looks.
+        0.0,
+        # The stress test's one lost run: a nested start_run against a slow store (a loaded
+        # server) was still creating its run when the ender stopped waiting and made its plan;
+        # the run was pushed after, without owner tags (lifeguard had left MLflow's context),
+        # and stayed RUNNING. 3 s is past the ender's wait (at most 2.5 s), holding sqlite's
+        # lock: the run appears only after the plan, and must still end KILLED.
+        3.0,
+    ],
+    ids=["inside", "outlasting-the-ender-s-wait"],
+)
+def test_sigterm_inside_start_run_ends_the_run_it_was_creating(store: Store, slow: float) -> None:
     result = run(
-        program(
-            """
-engine = mlflow.tracking._tracking_service.utils._get_store().engine
-fired = []
-@sqlalchemy.event.listens_for(engine, "after_cursor_execute")
-def _(conn, cursor, statement, *rest):
-    if statement.lstrip().upper().startswith("INSERT INTO RUNS") and not fired:
-        fired.append(1)
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(3.0)  # part of the program under test: a store slow to create a run
-demo.announce(run_ids=[run.info.run_id])
-sys.stdin.readline()  # the test has the ready line: now the nested start_run
-child = mlflow.start_run(nested=True)
-os.write(1, b"UNREACHED %s\\n" % child.info.run_id.encode())
-threading.Event().wait()
-"""
-        ),
+        program(INSIDE_START_RUN.replace("SLOW", repr(slow))),
         store,
         install={"deadline": 20.0},
     )
