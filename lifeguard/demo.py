@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
     from typing import IO, Protocol
 
+    from lifeguard.localserver import MlflowServer
+
     class _Process(Protocol):
         """What :func:`_drive` needs of a child: a Popen, or a child forked by the zygote."""
 
@@ -699,7 +701,7 @@ def _start_reaper(directory: str) -> subprocess.Popen[bytes]:
 # -- the demo ---------------------------------------------------------------------------------
 
 
-DEAD_SERVER = "SIGTERM while the tracking server is down"
+DEAD_SERVER = "SIGTERM while the tracking server is unreachable"
 HEADERS = ("exit path", "raw MLflow", "with lifeguard", "exit code")
 # Bounds each wait for one child, not the expected duration (well under a second, quiet).
 CHILD_TIMEOUT = 60.0
@@ -736,26 +738,27 @@ def _status_on_server(uri: str, run_id: str) -> tuple[str, int | None]:
 
 
 def dead_server_case(
-    zygote: Zygote, tmp: str, env: Mapping[str, str], emit: Callable[[str], None]
+    zygote: Zygote, server: MlflowServer, tmp: str, env: Mapping[str, str]
 ) -> tuple[str, str, int, int, bool]:
-    """A real ``mlflow server`` that dies after the runs start; then SIGTERM. Raw MLflow and
-    lifeguard, side by side on the same server. lifeguard cannot write the status, so it
-    journals it and exits at once; once the server is back, the journal is replayed (as the next
-    ``install()`` on this machine, or ``lifeguard sweep``, would) and the run must read KILLED,
-    with the time of the signal as its end time. Returns (raw status, lifeguard status, raw exit
-    status, lifeguard exit status, whether the end time is the signal's)."""
+    """The tracking server goes away after the runs start; then SIGTERM. Raw MLflow and
+    lifeguard, side by side. lifeguard cannot write the status, so it journals it and exits at
+    once; once the server is back, the journal is replayed (as the next ``install()`` on this
+    machine, or ``lifeguard sweep``, would) and the run must read KILLED, with the time of the
+    signal as its end time. The programs reach the demo's `mlflow server` through a
+    :class:`Relay`, whose port goes dark (connections reset, new ones refused: to a client, a
+    dead server) and comes back, so that the server need not be started twice. Returns (raw
+    status, lifeguard status, raw exit status, lifeguard exit status, whether the end time is
+    the signal's)."""
     from concurrent.futures import ThreadPoolExecutor
-    from pathlib import Path
 
-    from lifeguard.localserver import MlflowServer
+    from lifeguard.localserver import Relay
 
     journal_dir = os.path.join(tmp, "journal-server")
-    server = MlflowServer(Path(tmp) / "server", env={MARKER: tmp}).start()
-    emit(f"(the last row's mlflow server is up: {server.uri})")
+    relay = Relay(server.port).up()
     try:
-        env = {**env, "MLFLOW_TRACKING_URI": server.uri, "LIFEGUARD_JOURNAL_DIR": journal_dir}
-        # Both runs started, then the server dies, then both get their SIGTERM.
-        both_started = threading.Barrier(2, action=server.stop, timeout=CHILD_TIMEOUT)
+        env = {**env, "MLFLOW_TRACKING_URI": relay.uri, "LIFEGUARD_JOURNAL_DIR": journal_dir}
+        # Both runs started, then the server goes away, then both get their SIGTERM.
+        both_started = threading.Barrier(2, action=relay.down, timeout=CHILD_TIMEOUT)
 
         def one(with_lifeguard: bool) -> ChildResult:
             argv = ["--child", "SIGTERM", *(["--with-lifeguard"] if with_lifeguard else [])]
@@ -767,15 +770,15 @@ def dead_server_case(
         with ThreadPoolExecutor(max_workers=2) as pool:
             raw, guarded = pool.map(one, (False, True))
         signalled_before = time.time()
-        server.start()  # same port, same store: the URI in the journal stays valid
+        relay.up()  # same port: the URI in the journal stays valid
         zygote.run(["--task", "replay", journal_dir], env, timeout=CHILD_TIMEOUT)
-        raw_status, _ = _status_on_server(server.uri, str(raw.ready["run_id"]))
-        status, end_time = _status_on_server(server.uri, str(guarded.ready["run_id"]))
-        # The end time is when the process learned it was ending, before the server came back.
-        true_end = end_time is not None and end_time <= signalled_before * 1000 + 1
-        return raw_status, status, raw.returncode, guarded.returncode, true_end
     finally:
-        server.stop()
+        relay.down()
+    raw_status, _ = _status_on_server(server.uri, str(raw.ready["run_id"]))
+    status, end_time = _status_on_server(server.uri, str(guarded.ready["run_id"]))
+    # The end time is when the process learned it was ending, before the server came back.
+    true_end = end_time is not None and end_time <= signalled_before * 1000 + 1
+    return raw_status, status, raw.returncode, guarded.returncode, true_end
 
 
 def main(argv: Sequence[str] | None = None, *, jobs: int = 4) -> int:
@@ -799,7 +802,9 @@ def main(argv: Sequence[str] | None = None, *, jobs: int = 4) -> int:
 
 def _demo(directory: str, jobs: int) -> bool:
     from concurrent.futures import ThreadPoolExecutor
+    from pathlib import Path
 
+    from lifeguard.localserver import MlflowServer
     from lifeguard.outcome import Outcome
 
     lock = threading.Lock()
@@ -826,25 +831,46 @@ def _demo(directory: str, jobs: int) -> bool:
 
     emit(f"lifeguard demo: {len(paths) + 1} exit paths, raw MLflow vs lifeguard ({uri})")
     zygote = Zygote(env)
+    # The rows a guardian ends, and the last row, use a real `mlflow server`, as training fleets
+    # do: the watchdog ends those runs over MLflow's REST API without importing mlflow.
+    server = MlflowServer(Path(directory) / "server", env={MARKER: directory})
+
+    def start_server() -> MlflowServer:
+        server.start()
+        emit(f"(the [watchdog] rows' and the last row's mlflow server is up: {server.uri})")
+        return server
 
     def one(path: str, with_lifeguard: bool) -> tuple[str, int, int | None]:
         argv = ["--child", path, *(["--with-lifeguard"] if with_lifeguard else [])]
         sig = paths[path][1]
-        result = zygote.run(argv, env, send=() if sig is None else (sig,), timeout=CHILD_TIMEOUT)
+        child_env = env
+        if path in DEATHS:
+            server_up.result()
+            child_env = {**env, "MLFLOW_TRACKING_URI": server.uri}
+        result = zygote.run(
+            argv, child_env, send=() if sig is None else (sig,), timeout=CHILD_TIMEOUT
+        )
         if result.ready.get("watchdog"):
             wait_gone(int(result.ready["watchdog"]), CHILD_TIMEOUT)  # type: ignore[call-overload]
-        status, end_time = _status_in_store(db, str(result.ready["run_id"]))
+        run_id = str(result.ready["run_id"])
+        if path in DEATHS:
+            status, end_time = _status_on_server(server.uri, run_id)
+        else:
+            status, end_time = _status_in_store(db, run_id)
         return status, result.returncode, end_time
 
     honest = True
     try:
-        with ThreadPoolExecutor(max_workers=jobs + 1) as pool:  # +1: the server case's
-            dead_server = pool.submit(dead_server_case, zygote, directory, env, emit)
+        with ThreadPoolExecutor(max_workers=jobs + 2) as pool:  # +2: the server's start, the case
+            server_up = pool.submit(start_server)  # first: its CPU overlaps the sqlite rows
             # The store's schema once, before the children race to create it.
             zygote.run(["--task", "setup", uri], env, timeout=CHILD_TIMEOUT)
             futures = {
                 (path, lg): pool.submit(one, path, lg) for path in paths for lg in (False, True)
             }
+            dead_server = pool.submit(
+                lambda: dead_server_case(zygote, server_up.result(), directory, env)
+            )
             emit("  ".join(h.ljust(w) for h, w in zip(HEADERS, widths, strict=True)))
             emit("  ".join("-" * w for w in widths))
             for path in paths:  # in the table's order, each as soon as it is known
@@ -861,11 +887,13 @@ def _demo(directory: str, jobs: int) -> bool:
             row(last, raw_status, status, rc, ok)
     finally:
         zygote.close()
+        server.stop()
     emit(
         "\nraw MLflow: its atexit hook writes FINISHED whatever happened, and a signal leaves the"
         "\nrun RUNNING forever. lifeguard: the status the exit code says, the same exit code;"
         "\n[watchdog]: with the sidecar on, which ends the runs of deaths that run no Python code"
-        "\n(a main thread stuck in C is finalized in-process, as every SIGTERM is);"
+        "\n(a main thread stuck in C is finalized in-process, as every SIGTERM is), over the"
+        "\nREST API of a local mlflow server, the store most training fleets log to;"
         "\n[journal]: the status could not be written, so it was journaled and written once the"
         "\nserver was back, with the signal's time as the end time."
     )

@@ -485,3 +485,51 @@ def test_proxies_from_the_environment_as_requests_reads_them(
         assert "socks5 proxy" in (rest.unsupported("http://mlflow.invalid:5000") or "")
     finally:
         proxy.close()
+
+
+def test_twenty_simultaneous_sigkills_all_end_killed(
+    store: Store, server: MlflowServer, tmp_path: Path
+) -> None:
+    """Twenty programs SIGKILLed in one instant, against a server with MLflow's default pool
+    (5 + 10 connections). Twenty watchdogs writing at once would hold the pool until every
+    request times out (30 s, past their deadline), and every status would only be journaled;
+    in turns (guardian/turns.py) they all land. The programs are forked from the demo's warm
+    zygote, so twenty of them cost one import of mlflow."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lifeguard.demo import Zygote
+
+    n = 20
+    env = child_env(store, MLFLOW_TRACKING_URI=server.uri)
+    starting = threading.Semaphore(4)  # starts in small waves: the same pool limits start_run
+    all_ready = threading.Barrier(n, timeout=CHILD_TIMEOUT)
+    killed_ms: list[int] = []
+
+    def one(_: int) -> ChildResult:
+        def ready(_: dict[str, object]) -> None:
+            starting.release()
+            if all_ready.wait() == 0:
+                killed_ms.append(int(time.time() * 1000))
+
+        starting.acquire()
+        return zygote.run(
+            ["--child", "SIGKILL", "--with-lifeguard"], env,
+            send=(signal.SIGKILL,), timeout=CHILD_TIMEOUT, after_ready=ready,
+        )  # fmt: skip
+
+    zygote = Zygote(env)
+    try:
+        with ThreadPoolExecutor(max_workers=n) as pool:
+            results = list(pool.map(one, range(n)))
+    finally:
+        zygote.close()
+    for result in results:
+        assert result.returncode == -signal.SIGKILL, result.stderr
+    for result in results:
+        wait_gone(int(result.ready["watchdog"]))  # type: ignore[call-overload]
+    client = MlflowClient(server.uri)
+    died = killed_ms[0] + 5_000  # every SIGKILL went out right after the barrier
+    for result in results:
+        assert_killed_by_watchdog(client, str(result.ready["run_id"]), died)
+    assert not list((store.path.parent / "journal").glob("*.json"))  # all written, none kept

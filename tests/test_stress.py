@@ -58,3 +58,53 @@ def test_a_signal_at_any_instant(tmp_path: Path, server: MlflowServer) -> None:
     print(out.getvalue())
     assert len(results) == len(trials)
     assert wrong == 0, f"{wrong} of {len(trials)} trials wrong:\n{out.getvalue()}"
+
+
+# What CPython printed in two trials of a 1,000-trial run (paths shortened): the endings the
+# harness must judge as the program's own, not as lifeguard's.
+DROPPED_IN_WEAKREF_CALLBACK = """\
+Exception ignored in: <function _get_module_lock.<locals>.cb at 0x7ffbe44de660>
+Traceback (most recent call last):
+  File "<frozen importlib._bootstrap>", line 198, in cb
+  File "lifeguard/signals.py", line 417, in _chain
+    previous(signum, frame)
+KeyboardInterrupt: 
+"""  # noqa: W291 - CPython prints that trailing space
+RAISED_IN_FDOPEN_CLEANUP = """\
+Traceback (most recent call last):
+  File "mlflow/store/artifact/local_artifact_repo.py", line 139, in _write_to_destination_path
+    temp_file = os.fdopen(temp_file_descriptor, "wb")
+  File "<frozen os>", line 1031, in fdopen
+  File "lifeguard/signals.py", line 417, in _chain
+    previous(signum, frame)
+KeyboardInterrupt
+
+During handling of the above exception, another exception occurred:
+
+Traceback (most recent call last):
+  File "tests/children/stress_program.py", line 205, in <module>
+    main()
+  File "mlflow/store/artifact/local_artifact_repo.py", line 147, in _write_to_destination_path
+    os.close(temp_file_descriptor)
+OSError: [Errno 9] Bad file descriptor
+"""
+PLAIN_CTRL_C = """\
+Traceback (most recent call last):
+  File "tests/children/stress_program.py", line 205, in <module>
+    main()
+KeyboardInterrupt
+"""
+
+
+def test_the_harness_tells_the_programs_own_endings_apart() -> None:
+    stress = load_stress()
+    assert stress.dropped_keyboard_interrupt(DROPPED_IN_WEAKREF_CALLBACK)
+    assert not stress.dropped_keyboard_interrupt(PLAIN_CTRL_C)
+    assert not stress.dropped_keyboard_interrupt(RAISED_IN_FDOPEN_CLEANUP)
+    assert stress.raised_in_cleanup(RAISED_IN_FDOPEN_CLEANUP)
+    assert not stress.raised_in_cleanup(PLAIN_CTRL_C)
+    assert not stress.raised_in_cleanup(DROPPED_IN_WEAKREF_CALLBACK)
+    # An exception raised in lifeguard's code while Ctrl-C unwinds is not the program's.
+    ours = f'  File "{stress.REPO / "lifeguard" / "signals.py"}", line 1, in handler\n'
+    in_lifeguard = RAISED_IN_FDOPEN_CLEANUP.replace("OSError:", ours + "OSError:")
+    assert not stress.raised_in_cleanup(in_lifeguard)

@@ -5,11 +5,14 @@ Anything that installs process-wide hooks runs in a fresh interpreter, never in 
 
 from __future__ import annotations
 
+import os
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
 import threading
+from pathlib import Path
 
 import pytest
 from pytest_subprocess import FakeProcess
@@ -588,3 +591,156 @@ def test_every_backend_module_lies_in_a_package_the_signal_path_waits_for() -> N
     assert _is_tracker("mlflow.tracking.fluent")
     assert not _is_tracker("torch.nn") and not _is_tracker("mlflowx")
     assert len(set(PACKAGES)) == len(PACKAGES)
+
+
+# -- guardian turns ---------------------------------------------------------------------------
+
+
+def _hold_turns(directory: Path, numbers: range) -> list[int]:
+    import fcntl
+
+    fds = []
+    for number in numbers:
+        fd = os.open(directory / f".turn-{number}", os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fds.append(fd)
+    return fds
+
+
+def test_a_free_turn_is_taken_and_given_back(tmp_path: Path) -> None:
+    from lifeguard.guardian.turns import TURNS, turn
+
+    directory = tmp_path / "journal"
+    directory.mkdir(mode=0o700)
+    held = _hold_turns(directory, range(TURNS - 1))
+    try:
+        with turn(str(directory), wait=5.0) as number:
+            assert number == TURNS - 1
+            with turn(str(directory), wait=0.05) as none_left:
+                assert none_left is None
+        with turn(str(directory), wait=0.05) as again:
+            assert again == TURNS - 1  # given back at the end of the block
+    finally:
+        for fd in held:
+            os.close(fd)
+    assert stat.S_IMODE((directory / ".turn-0").stat().st_mode) == 0o600
+
+
+def test_no_turn_free_in_time_goes_ahead_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from lifeguard.guardian.turns import TURNS, turn
+
+    directory = tmp_path / "journal"
+    directory.mkdir(mode=0o700)
+    held = _hold_turns(directory, range(TURNS))
+    try:
+        with caplog.at_level("WARNING", logger="lifeguard"), turn(str(directory), 0.1) as got:
+            assert got is None
+    finally:
+        for fd in held:
+            os.close(fd)
+    assert "guardian turns of this host are still taken" in caplog.text
+
+
+def test_a_dead_guardians_turn_is_free(tmp_path: Path) -> None:
+    """A guardian SIGKILLed in its turn gives it back with its last file descriptor."""
+    from lifeguard.guardian.turns import TURNS, turn
+
+    directory = tmp_path / "journal"
+    directory.mkdir(mode=0o700)
+    held = _hold_turns(directory, range(1, TURNS))
+    code = (
+        "import sys; from lifeguard.guardian.turns import turn\n"
+        "with turn(sys.argv[1]) as n:\n"
+        "    print(n, flush=True); sys.stdin.read()\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(directory)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "0"  # in its turn
+        with turn(str(directory), wait=0.05) as none_left:
+            assert none_left is None
+        proc.kill()
+        proc.wait(30)
+        with turn(str(directory), wait=5.0) as number:
+            assert number == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+        for fd in held:
+            os.close(fd)
+
+
+def test_turns_are_not_taken_in_a_directory_that_is_not_private(tmp_path: Path) -> None:
+    from lifeguard.guardian.turns import turn
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with turn(str(shared), wait=5.0) as number:
+        assert number is None
+    assert list(shared.iterdir()) == []  # nothing created there
+
+
+def test_a_planted_symlink_is_not_a_turn(tmp_path: Path) -> None:
+    from lifeguard.guardian.turns import turn
+
+    directory = tmp_path / "journal"
+    directory.mkdir(mode=0o700)
+    target = tmp_path / "victim"
+    (directory / ".turn-0").symlink_to(target)
+    with turn(str(directory), wait=5.0) as number:
+        assert number == 1
+    assert not target.exists()
+
+
+# -- the demo's relay: a server's port that goes dark and comes back --------------------------
+
+
+def test_a_relay_down_is_a_dead_server_to_its_clients() -> None:
+    import http.server
+    import socket
+
+    from lifeguard.localserver import Relay
+
+    class Hello(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive: a connection stays open, as requests' do
+
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", "5")
+            self.end_headers()
+            self.wfile.write(b"hello")
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hello)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    relay = Relay(upstream.server_address[1]).up()
+    try:
+        kept = socket.create_connection(("127.0.0.1", relay.port), timeout=10)
+        kept.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert kept.recv(4096).endswith(b"hello")
+        relay.down()
+        # The open connection is reset or closed, and a new one is refused.
+        try:
+            assert kept.recv(4096) == b""
+        except ConnectionResetError:
+            pass
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", relay.port), timeout=10)
+        relay.up()  # the same port, answering again
+        with socket.create_connection(("127.0.0.1", relay.port), timeout=10) as again:
+            again.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert b"hello" in again.recv(4096)
+        kept.close()
+    finally:
+        relay.down()
+        upstream.shutdown()
+        upstream.server_close()

@@ -308,57 +308,61 @@ def finalize_leftovers(
     import socket
 
     from lifeguard.guardian.journal import Journal
+    from lifeguard.guardian.turns import turn
     from lifeguard.owner import Owner
 
     results: dict[str, str] = {}
     journal = Journal()
-    journaled = list(journal.entries())
-    stores = _Stores(deadline)
-    try:
-        for pid in evidence.pending():
-            outcome = outcomes[pid]
-            # What the process journaled before it died is the truth it knew (the signal and
-            # its time, the exit code): written as it is, to the store the entry names. The
-            # rest get what the evidence says.
-            for entry in journaled:
-                if entry.pid == pid:
-                    store = stores.get(entry.tracking_uri)
-                    results[entry.run_id] = store.apply(entry, journal=journal, write_ahead=False)
-            owner = Owner(socket.gethostname(), pid, evidence.start_times[pid])
-            uris = evidence.uris.get(pid, [])
-            if pid in evidence.deferred:
-                work = _deferred_work(stores, uris, evidence.deferred[pid])
-            else:
-                work = []
-                for uri in uris:
-                    store = stores.get(uri)
-                    try:
-                        found = store.find_running_owned_by(owner)
-                    except Exception as exc:  # noqa: BLE001 - report and go on with the others
-                        from lifeguard._log import logger
-
-                        logger().error(
-                            "lifeguard %s: cannot search %s for the runs of pid %d: %s; "
-                            "`lifeguard sweep` will find them by their owner tags",
-                            ended_by,
-                            store.tracking_uri,
-                            pid,
-                            exc,
+    # In turns with the host's other guardians (see turns.py): the deadline starts after.
+    with turn(journal.directory):
+        journaled = list(journal.entries())
+        stores = _Stores(deadline)
+        try:
+            for pid in evidence.pending():
+                outcome = outcomes[pid]
+                # What the process journaled before it died is the truth it knew (the signal and
+                # its time, the exit code): written as it is, to the store the entry names. The
+                # rest get what the evidence says.
+                for entry in journaled:
+                    if entry.pid == pid:
+                        results[entry.run_id] = stores.get(entry.tracking_uri).apply(
+                            entry, journal=journal, write_ahead=False
                         )
+                owner = Owner(socket.gethostname(), pid, evidence.start_times[pid])
+                uris = evidence.uris.get(pid, [])
+                if pid in evidence.deferred:
+                    work = _deferred_work(stores, uris, evidence.deferred[pid])
+                else:
+                    work = []
+                    for uri in uris:
+                        store = stores.get(uri)
+                        try:
+                            found = store.find_running_owned_by(owner)
+                        except Exception as exc:  # noqa: BLE001 - report and go on with the others
+                            from lifeguard._log import logger
+
+                            logger().error(
+                                "lifeguard %s: cannot search %s for the runs of pid %d: %s; "
+                                "`lifeguard sweep` will find them by their owner tags",
+                                ended_by,
+                                store.tracking_uri,
+                                pid,
+                                exc,
+                            )
+                            continue
+                        work.extend((store, run_id, True) for run_id in found)
+                for store, run_id, seen_running in work:
+                    if run_id in results:
                         continue
-                    work.extend((store, run_id, True) for run_id in found)
-            for store, run_id, seen_running in work:
-                if run_id in results:
-                    continue
-                results[run_id] = store.terminate(
-                    run_id,
-                    outcome,
-                    ended_by=ended_by,
-                    journal=journal,
-                    seen_running=seen_running,
-                )
-    finally:
-        stores.close()
+                    results[run_id] = store.terminate(
+                        run_id,
+                        outcome,
+                        ended_by=ended_by,
+                        journal=journal,
+                        seen_running=seen_running,
+                    )
+        finally:
+            stores.close()
     return results
 
 

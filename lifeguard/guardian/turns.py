@@ -1,0 +1,99 @@
+"""Guardians of one host take turns: at most :data:`TURNS` of them end runs at once.
+
+When a node's jobs die together (the end of a grace period, the OOM killer, a cancelled
+50-worker search), every watchdog wakes in the same instant. Fifty of them writing at once is
+slower than fifty in turns, and can lose every status:
+
+- an ``mlflow server`` with its default SQLAlchemy pool (5 + 10 connections, and one request
+  may hold two) stops answering writes once more than about fifteen overlap: each waits out
+  the pool's 30 s timeout, far past a guardian's deadline (measured: 50 writers at once, every
+  one timed out after 31 s; four at a time, all 50 done within 2 s);
+- on a sqlite or file store every guardian imports mlflow (about 160 MiB and 1.5 s of CPU
+  each): fifty at once is 8 GB on a node that is already in trouble.
+
+A turn is an exclusive ``flock`` on one of :data:`TURNS` files in the user's journal
+directory (0700): no daemon to start, and a guardian that dies mid-turn gives its turn back
+with its last file descriptor. A guardian's deadline starts once it has its turn. One that gets
+none within :data:`WAIT` goes ahead anyway: a turn is a courtesy, never a reason to lose a
+status; so does one whose journal directory is not private (nothing is created there).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import time
+
+from lifeguard._log import logger as _log
+from lifeguard.guardian.journal import untrusted_directory
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+__all__ = ["TURNS", "WAIT", "turn"]
+
+TURNS = 4
+# Longer than any mass death takes in turns (fifty guardians on a sqlite store, each importing
+# mlflow, four at a time on two cores: about 80 s). Past it, a turn's holder is taken to be
+# stuck, and the waiter goes ahead rather than lose its status.
+WAIT = 300.0
+# Between two looks for a free turn (jittered, so that waiters do not wake in step).
+POLL = (0.005, 0.025)
+
+
+@contextlib.contextmanager
+def turn(directory: str, wait: float = WAIT) -> Iterator[int | None]:
+    """Hold one of the host's turns while the block runs; yields its number, or None when the
+    block runs without one (none free within ``wait``, or no private directory to take it in)."""
+    import fcntl
+
+    fds = _open_turns(directory)
+    held: int | None = None
+    try:
+        give_up = time.monotonic() + wait
+        while fds and held is None:
+            for number, fd in fds:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue
+                held = number
+                break
+            if held is None:
+                if time.monotonic() >= give_up:
+                    _log().warning(
+                        "lifeguard: all %d guardian turns of this host are still taken after "
+                        "%.0fs; ending runs without waiting for one",
+                        len(fds),
+                        wait,
+                    )
+                    break
+                time.sleep(random.uniform(*POLL))
+        yield held
+    finally:
+        for _, fd in fds:
+            os.close(fd)  # releases the flock, if it was ours
+
+
+def _open_turns(directory: str) -> list[tuple[int, int]]:
+    """(number, fd) of each turn file that could be opened; none if the directory is not
+    private or cannot be made."""
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+    except OSError as exc:
+        _log().debug("lifeguard: no guardian turns in %s: %s", directory, exc)
+        return []
+    why = untrusted_directory(directory)
+    if why is not None:
+        _log().debug("lifeguard: no guardian turns in %s: it %s", directory, why)
+        return []
+    fds = []
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    for number in range(TURNS):
+        try:
+            fds.append((number, os.open(os.path.join(directory, f".turn-{number}"), flags, 0o600)))
+        except OSError as exc:  # a symlink planted there, a full disk: do without this one
+            _log().debug("lifeguard: guardian turn %d unusable: %s", number, exc)
+    return fds
