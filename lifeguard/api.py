@@ -145,9 +145,18 @@ def _replay_journal_in_background() -> None:
     global replay_pid
     from lifeguard.guardian.journal import Journal
 
-    if not Journal().has_entries():  # one directory listing: the common case costs ~10 us
+    journal = Journal()
+    if not journal.replay_due():  # one directory listing: the common case costs ~10 us
         return
     import os
+
+    try:
+        # Claimed before the start: programs starting together start one replay, not one each.
+        journal.replay_started()
+    except OSError as exc:
+        from lifeguard._log import logger
+
+        logger().debug("lifeguard: could not stamp the journal replay: %s", exc)
 
     package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ)

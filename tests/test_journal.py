@@ -279,3 +279,56 @@ def test_every_lifeguard_log_record_is_redacted(caplog: pytest.LogCaptureFixture
         logger().error("lifeguard: write to %s failed: %s", "https://u:pw@h", exc, exc_info=True)
     assert "pa55" not in caplog.text and ":pw@" not in caplog.text
     assert "write to https://h failed: cannot reach http://h/api" in caplog.text
+
+
+# -- when install() replays -------------------------------------------------------------------
+
+
+def _entry(journal: Journal, run_id: str) -> None:
+    journal.write(Entry(run_id, "http://127.0.0.1:9", "KILLED", 1, {}))
+
+
+def test_a_replay_is_due_once_per_interval_or_for_a_newer_entry(tmp_path: Path) -> None:
+    """An entry nobody can write for now (its server gone) costs a replay per REPLAY_EVERY, not
+    one per program started; a new entry is replayed at the next install()."""
+    from lifeguard.guardian.journal import REPLAY_EVERY, REPLAY_STAMP
+
+    journal = Journal(str(tmp_path / "journal"))
+    assert not journal.replay_due()  # no directory
+    journal.ensure()
+    assert not journal.replay_due()  # no entry
+    _entry(journal, "a" * 32)
+    assert journal.replay_due()  # never replayed
+    journal.replay_started()
+    stamp = tmp_path / "journal" / REPLAY_STAMP
+    assert stat.S_IMODE(stamp.stat().st_mode) == 0o600
+    old = time.time() - 5
+    os.utime(tmp_path / "journal" / ("a" * 32 + ".json"), (old, old))
+    assert not journal.replay_due()  # tried just now, and nothing new since
+    _entry(journal, "b" * 32)
+    assert journal.replay_due()  # a newer entry
+    journal.replay_started()
+    os.utime(tmp_path / "journal" / ("b" * 32 + ".json"), (old, old))
+    assert not journal.replay_due()
+    long_ago = time.time() - REPLAY_EVERY - 1
+    os.utime(stamp, (long_ago, long_ago))
+    assert journal.replay_due()  # the interval is over
+    future = time.time() + 3600
+    os.utime(stamp, (future, future))
+    assert journal.replay_due()  # a clock set back is no reason to wait an hour
+
+
+def test_programs_started_together_start_one_replay(tmp_path: Path) -> None:
+    """Fifty jobs of a node starting at once, one stale entry: one replay, not fifty."""
+    import sys
+
+    journal = Journal(str(tmp_path / "journal"))
+    _entry(journal, "c" * 32)
+    code = "import lifeguard; lifeguard.install(); print(lifeguard.api.replay_pid or 0)"
+    env = {**os.environ, "LIFEGUARD_JOURNAL_DIR": journal.directory}
+    pids = [
+        int(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                           text=True, check=True, timeout=60).stdout)
+        for _ in range(3)
+    ]  # fmt: skip
+    assert pids[0] != 0 and pids[1:] == [0, 0], pids

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from lifeguard.demo import ChildResult, run_child
+from lifeguard.guardian.journal import REPLAY_STAMP
 from tests.conftest import CHILD_TIMEOUT, Store, child_env
 
 pytestmark = pytest.mark.slow
@@ -412,6 +413,8 @@ def test_a_pending_journal_entry_never_disturbs_the_program_s_import(store: Stor
         """
     )
     for attempt in range(IMPORT_REPEAT):
+        # As if the last replay were long ago: each attempt starts one (journal.replay_due).
+        (journal / REPLAY_STAMP).unlink(missing_ok=True)
         done = subprocess.run(
             [sys.executable, "-c", code],
             env=child_env(store),

@@ -744,3 +744,23 @@ def test_a_relay_down_is_a_dead_server_to_its_clients() -> None:
         relay.down()
         upstream.shutdown()
         upstream.server_close()
+
+
+def test_turns_live_on_this_host_in_a_private_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not in the journal's directory, which is often an NFS home shared by every node."""
+    import tempfile
+
+    from lifeguard.guardian.turns import default_dir
+
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    monkeypatch.setenv("LIFEGUARD_JOURNAL_DIR", str(tmp_path / "journal"))
+    assert default_dir() == str(runtime / "lifeguard")
+    runtime.chmod(0o777)  # not the user's own: not trusted with the turns
+    fallback = os.path.join(tempfile.gettempdir(), f"lifeguard-turns-{os.getuid()}")
+    assert default_dir() == fallback
+    monkeypatch.delenv("XDG_RUNTIME_DIR")
+    assert default_dir() == fallback

@@ -50,6 +50,11 @@ __all__ = [
 
 VERSION = 1
 SUFFIX = ".json"
+# Touched by install() each time it starts a replay; see Journal.replay_due.
+REPLAY_STAMP = ".replay-started"
+# A replay that left entries behind (their store still down, or never able to take them) is
+# tried again after this long, or at once when a newer entry appears.
+REPLAY_EVERY = 600.0
 CORRUPT_SUFFIX = ".corrupt"
 REFUSED_SUFFIX = ".refused"
 # An entry is a few hundred bytes; anything much bigger is not one of ours.
@@ -241,15 +246,50 @@ class Journal:
             os.chmod(self.directory, 0o700)  # makedirs honours the umask; tighten it
         return self.directory
 
-    def has_entries(self) -> bool:
-        """Cheap enough for install(): one lstat and one directory listing, nothing parsed.
-        A directory that is not private has nothing to replay (``lifeguard sweep`` says why)."""
+    def replay_due(self) -> bool:
+        """Whether ``install()`` should start a replay: an entry waits, and it is newer than
+        the last replay started on this journal, or that one is :data:`REPLAY_EVERY` old. An
+        entry that cannot be written for now (its server gone for a week) then costs a replay,
+        an mlflow import in a process of its own, every ten minutes; not one per program
+        started, nor fifty when a node's fifty jobs start together.
+
+        Cheap enough for install(): an lstat, a directory listing, and a stat per entry only
+        when a stamp exists; nothing parsed. A directory that is not private has nothing to
+        replay (``lifeguard sweep`` says why)."""
         try:
             if untrusted_directory(self.directory) is not None:
                 return False
-            return any(name.endswith(SUFFIX) for name in os.listdir(self.directory))
+            names = [name for name in os.listdir(self.directory) if name.endswith(SUFFIX)]
+            if not names:
+                return False
+            try:
+                last = os.stat(os.path.join(self.directory, REPLAY_STAMP)).st_mtime
+            except FileNotFoundError:
+                return True
+            # A stamp from the future (a clock set back) is no reason to wait.
+            if not 0 <= time.time() - last < REPLAY_EVERY:
+                return True
+            for name in names:
+                try:
+                    if os.stat(os.path.join(self.directory, name)).st_mtime >= last:
+                        return True
+                except FileNotFoundError:
+                    continue  # replayed meanwhile
+            return False
         except OSError:
             return False
+
+    def replay_started(self) -> None:
+        """Stamp the start of a replay (see :meth:`replay_due`). Raises OSError."""
+        fd = os.open(
+            os.path.join(self.directory, REPLAY_STAMP),
+            os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0),
+            0o600,
+        )
+        try:
+            os.utime(fd)
+        finally:
+            os.close(fd)
 
     # -- entries ------------------------------------------------------------------------------
 

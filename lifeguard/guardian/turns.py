@@ -11,11 +11,13 @@ slower than fifty in turns, and can lose every status:
 - on a sqlite or file store every guardian imports mlflow (about 160 MiB and 1.5 s of CPU
   each): fifty at once is 8 GB on a node that is already in trouble.
 
-A turn is an exclusive ``flock`` on one of :data:`TURNS` files in the user's journal
-directory (0700): no daemon to start, and a guardian that dies mid-turn gives its turn back
-with its last file descriptor. A guardian's deadline starts once it has its turn. One that gets
-none within :data:`WAIT` goes ahead anyway: a turn is a courtesy, never a reason to lose a
-status; so does one whose journal directory is not private (nothing is created there).
+A turn is an exclusive ``flock`` on one of :data:`TURNS` files in a private directory of the
+user on this host (:func:`default_dir`): no daemon to start, and a guardian that dies mid-turn
+gives its turn back with its last file descriptor. Host-local, not the journal's directory: that
+one is often in an NFS home, where a lock is an RPC to a lock manager that may not answer, and
+where the turns would be shared by every node. A guardian's deadline starts once it has its
+turn. One that gets none within :data:`WAIT` goes ahead anyway: a turn is a courtesy, never a
+reason to lose a status; so does one whose directory is not private (nothing is created there).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-__all__ = ["TURNS", "WAIT", "turn"]
+__all__ = ["TURNS", "WAIT", "default_dir", "turn"]
 
 TURNS = 4
 # Longer than any mass death takes in turns (fifty guardians on a sqlite store, each importing
@@ -43,13 +45,24 @@ WAIT = 300.0
 POLL = (0.005, 0.025)
 
 
+def default_dir() -> str:
+    """``$XDG_RUNTIME_DIR/lifeguard`` (a tmpfs of the user's, on this host), else
+    ``lifeguard-turns-UID`` in the temporary directory."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isabs(runtime) and untrusted_directory(runtime) is None:
+        return os.path.join(runtime, "lifeguard")
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), f"lifeguard-turns-{os.getuid()}")
+
+
 @contextlib.contextmanager
-def turn(directory: str, wait: float = WAIT) -> Iterator[int | None]:
+def turn(directory: str | None = None, wait: float = WAIT) -> Iterator[int | None]:
     """Hold one of the host's turns while the block runs; yields its number, or None when the
     block runs without one (none free within ``wait``, or no private directory to take it in)."""
     import fcntl
 
-    fds = _open_turns(directory)
+    fds = _open_turns(directory or default_dir())
     held: int | None = None
     try:
         give_up = time.monotonic() + wait

@@ -314,7 +314,7 @@ def finalize_leftovers(
     results: dict[str, str] = {}
     journal = Journal()
     # In turns with the host's other guardians (see turns.py): the deadline starts after.
-    with turn(journal.directory):
+    with turn():
         journaled = list(journal.entries())
         stores = _Stores(deadline)
         try:
