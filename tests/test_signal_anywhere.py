@@ -449,6 +449,42 @@ while True:
     assert "lifeguard.owner.pid" in store.run(evaluation).data.tags
 
 
+def test_the_run_end_run_was_ending_is_journaled_before_any_write(store: Store) -> None:
+    """Ctrl-C inside end_run's status write: the run, popped off its stack, is in the plan
+    journaled before anything slow, like the runs still on a stack. A search for it after the
+    writes (the stress harness: a write stuck until the deadline) would never be reached. A
+    finalizer of the program's own, run first (LIFO), sees the journal as it then is."""
+    result = run(
+        program(
+            """
+child = mlflow.start_run(nested=True)
+engine = mlflow.tracking._tracking_service.utils._get_store().engine
+fired = []
+@sqlalchemy.event.listens_for(engine, "before_cursor_execute")
+def _(conn, cursor, statement, *rest):
+    if statement.lstrip().upper().startswith("UPDATE RUNS") and not fired:
+        fired.append(1)
+        os.kill(os.getpid(), signal.SIGINT)
+journal = os.environ["LIFEGUARD_JOURNAL_DIR"]
+lifeguard.register(lambda outcome: os.write(
+    1, ("JOURNAL " + json.dumps(sorted(os.listdir(journal))) + "\\n").encode()), name="peek")
+demo.announce(run_ids=[run.info.run_id, child.info.run_id])
+sys.stdin.readline()
+mlflow.end_run()
+threading.Event().wait()
+"""
+        ),
+        store,
+    )
+    assert result.returncode == -signal.SIGINT, result.stderr
+    line = next(line for line in result.stdout.splitlines() if line.startswith("JOURNAL "))
+    journaled = {name.removesuffix(".json") for name in json.loads(line[len("JOURNAL ") :])}
+    assert set(result.ready["run_ids"]) <= journaled, (journaled, result.stderr)  # type: ignore[arg-type]
+    for run_id in result.ready["run_ids"]:  # type: ignore[attr-defined]
+        assert store.status(run_id) == "KILLED", result.stderr
+    assert journal_files(store) == []  # written, so removed
+
+
 def test_ctrl_c_inside_end_run_ends_the_run_it_was_ending(store: Store) -> None:
     """Ctrl-C's KeyboardInterrupt raised in end_run's status write, after the run was popped off
     its stack: the write is rolled back and the run is on no stack. Its owner tags find it (the

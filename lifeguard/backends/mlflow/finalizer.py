@@ -115,6 +115,16 @@ class Plan:
             spellings[store.absolute] = store
             status = outcome.status.value
             entries.append(Entry(run_id, store.absolute, status, end_time, dict(tags)))
+        ending = _run_end_run_was_ending(fluent)
+        if ending is not None and ending not in skip and all(e.run_id != ending for e in entries):
+            # Popped off its stack, its status write cut short: journaled with the others, so
+            # that it is not left to a search after the writes, which a stuck write never
+            # reaches. Written only if it is still RUNNING, as every entry.
+            store = stores.current()
+            spellings[store.absolute] = store
+            entries.append(
+                Entry(ending, store.absolute, outcome.status.value, end_time, dict(tags))
+            )
         if defer_to is None and entries:
             journal = Journal()
             for entry in entries:
@@ -235,12 +245,33 @@ def _grouped(entries: list[Entry]) -> dict[str, list[Entry]]:
     return groups
 
 
+def _run_end_run_was_ending(fluent: object) -> str | None:
+    """The run whose ``end_run`` the uncaught exception (Ctrl-C's KeyboardInterrupt) came
+    through: MLflow pops it off the stack, notes it as the thread's last active run, then
+    writes its status. None if the exception did not come through ``end_run``."""
+    if not _raised_in("end_run"):
+        return None
+    import threading
+
+    last = getattr(fluent, "_last_active_run_id", None)
+    values = getattr(last, "get_all_thread_values", None)
+    if values is None:  # MLflow's internals moved: the search after the writes remains
+        return None
+    run_id = values().get(threading.main_thread().ident or -1)
+    return run_id if isinstance(run_id, str) else None
+
+
 def _raised_in_run_change() -> bool:
+    return _raised_in("start_run", "end_run")
+
+
+def _raised_in(*functions: str) -> bool:
+    """Whether the uncaught exception passed through one of MLflow's fluent ``functions``."""
     exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
     tb = getattr(exc, "__traceback__", None)
     while tb is not None:
         code = tb.tb_frame.f_code
-        if code.co_name in ("start_run", "end_run") and code.co_filename.endswith("fluent.py"):
+        if code.co_name in functions and code.co_filename.endswith("fluent.py"):
             return True
         tb = tb.tb_next
     return False
