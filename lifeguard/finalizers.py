@@ -96,6 +96,8 @@ class Registry:
     def __init__(self) -> None:
         self._lock = _thread.allocate_lock()  # not threading: see hooks.py on import cost
         self._handles: list[Handle] = []
+        # id(handle) -> the outcome its prepare() already ran with (see prepare_all).
+        self._prepared: dict[int, Outcome] = {}
 
     def add(self, fn: Finalizer, name: str | None = None, ranks: object = "all") -> Handle:
         if not callable(fn):
@@ -130,6 +132,19 @@ class Registry:
             handles = list(self._handles)
         return any(_applies(h) for h in handles)
 
+    def prepare_all(self, outcome: Outcome) -> None:
+        """Call the prepare() of every finalizer that will run, now; ``run_all`` with the same
+        outcome then does not call it again. For the signal path, whose ender first lets the
+        main thread finish the tracker call it was in: a second signal during that wait ends
+        the process at once, and must find the statuses journaled already."""
+        with self._lock:
+            pending = list(reversed(self._handles))
+        skipped, unused = _not_to_run(pending)
+        for handle in pending:
+            if id(handle) not in skipped and id(handle) not in unused:
+                _prepare(handle, outcome)
+                self._prepared[id(handle)] = outcome
+
     def run_all(self, outcome: Outcome, deadline: float) -> list[Report]:
         """Run every registered finalizer once, newest first, within ``deadline`` seconds."""
         # Taking the whole list under the lock is what makes "at most once" hold even if two
@@ -137,21 +152,14 @@ class Registry:
         with self._lock:
             pending = list(reversed(self._handles))
             self._handles.clear()
-        if any(h.ranks is not None for h in pending):
-            from lifeguard.distributed import detect
-
-            rank = detect().rank
-            skipped = {id(h) for h in pending if h.ranks is not None and rank not in h.ranks}
-        else:
-            skipped = set()
-        # A built-in finalizer for a tracker the program never imported has nothing to do; it
-        # must not shrink the share of those that do (fair shares count only these).
-        unused = {id(h) for h in pending if id(h) not in skipped and not _applies(h)}
+            prepared, self._prepared = self._prepared, {}
+        skipped, unused = _not_to_run(pending)
         left = len(pending) - len(skipped) - len(unused)
         reports = []
         end = time.monotonic() + deadline
         for handle in pending:
-            if id(handle) not in skipped and id(handle) not in unused:
+            runs = id(handle) not in skipped and id(handle) not in unused
+            if runs and prepared.get(id(handle)) is not outcome:  # not journaled ahead
                 _prepare(handle, outcome)
         for handle in pending:
             if id(handle) in skipped:
@@ -163,6 +171,21 @@ class Registry:
                 left -= 1
                 reports.append(_run_one(handle, outcome, share))
         return reports
+
+
+def _not_to_run(pending: list[Handle]) -> tuple[set[int], set[int]]:
+    """ids of the handles skipped on this rank, and of those that have nothing to do here."""
+    if any(h.ranks is not None for h in pending):
+        from lifeguard.distributed import detect
+
+        rank = detect().rank
+        skipped = {id(h) for h in pending if h.ranks is not None and rank not in h.ranks}
+    else:
+        skipped = set()
+    # A built-in finalizer for a tracker the program never imported has nothing to do; it
+    # must not shrink the share of those that do (fair shares count only these).
+    unused = {id(h) for h in pending if id(h) not in skipped and not _applies(h)}
+    return skipped, unused
 
 
 def _prepare(handle: Handle, outcome: Outcome) -> None:

@@ -142,6 +142,13 @@ class Lifecycle:
 
     # -- finalization --------------------------------------------------------------------------
 
+    def journal_ahead(self, outcome: Outcome) -> None:
+        """Record what finalizing with ``outcome`` will do (the finalizers' prepare(): the MLflow
+        one journals every run's status), before a wait that a second signal may cut short.
+        Nothing if finalizing has begun (by another path, with its own outcome)."""
+        if self.owns_process() and self.phase == Phase.INSTALLED:
+            self.registry.prepare_all(outcome)
+
     def finalize(self, outcome: Outcome) -> list[Report]:
         """Run every finalizer once with ``outcome``. Later calls return [] and do nothing."""
         if not self.owns_process() or not self._once.acquire(blocking=False):

@@ -380,8 +380,11 @@ class SignalWatch:
         # 5 ms switch interval each time they hand it over for I/O.
         sys.setswitchinterval(0.0005)
         try:
-            self._wait_for_main_thread_to_leave_trackers()
             outcome = Outcome.signalled(signum, at=at)
+            # Journaled first (memory and local disk only): a second signal during the wait
+            # below exits at once, and the statuses then land from the journal.
+            self._lifecycle.journal_ahead(outcome)
+            self._wait_for_main_thread_to_leave_trackers()
             context = self.main_context
             if context is not None:
                 context.run(self._lifecycle.finalize, outcome)  # type: ignore[attr-defined]

@@ -201,6 +201,65 @@ while True:
     assert journal_files(store) == []
 
 
+def test_a_second_signal_while_the_ender_waits_for_the_main_thread_finds_the_journal(
+    store: Store,
+) -> None:
+    """The first SIGTERM comes while the main thread is stuck in C inside MLflow's write (a
+    stress trial: in a call the ender waits up to 2.5 s for), and a second one a second later,
+    during that wait: the process exits at once, and the run's status, with the first signal's
+    time, was journaled before the wait (it used to be journaled only after it: nothing was,
+    and the sweep could only end the run as an orphan)."""
+    result = run(
+        program(
+            """
+import ctypes
+libc = ctypes.CDLL(None)
+stuck = threading.Event()
+def launcher():
+    stuck.wait()
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(1.0)  # past REPEAT_WINDOW: a second stop, while the ender still waits
+    os.write(1, ("SECOND %.6f\\n" % time.time()).encode())
+    os.kill(os.getpid(), signal.SIGTERM)
+threading.Thread(target=launcher, daemon=True).start()
+engine = mlflow.tracking._tracking_service.utils._get_store().engine
+@sqlalchemy.event.listens_for(engine, "after_cursor_execute")
+def _(conn, cursor, statement, *rest):
+    if statement.lstrip().upper().startswith("INSERT INTO METRICS") and not stuck.is_set():
+        # Stuck in C inside MLflow's write, as in a collective or a dead NFS: the main thread
+        # never gets to run its Python-level handler.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        stuck.set()
+        while True:
+            libc.sleep(600)
+demo.announce(run_ids=[run.info.run_id])
+sys.stdin.readline()
+mlflow.log_metric("loss", 0.5)
+"""
+        ),
+        store,
+    )
+    assert result.returncode == -signal.SIGTERM, result.stderr
+    second = float(
+        next(x for x in result.stdout.splitlines() if x.startswith("SECOND ")).split()[1]
+    )
+    [run_id] = result.ready["run_ids"]  # type: ignore[misc]
+    assert len(journal_files(store)) == 1, result.stderr
+    sweep = subprocess.run(
+        [sys.executable, "-m", "lifeguard", "sweep", "--tracking-uri", store.uri],
+        env=child_env(store),
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT,
+    )
+    assert sweep.returncode == 0, sweep.stdout + sweep.stderr
+    run_ = store.run(run_id)
+    assert run_.info.status == "KILLED"
+    assert run_.info.end_time <= second * 1000  # the first signal's time, from the journal
+    assert run_.data.tags["lifeguard.signal"] == "SIGTERM"
+    assert journal_files(store) == []
+
+
 def test_two_sigterms_of_one_stop_do_not_cut_finalization_short(store: Store) -> None:
     """slurmd sends each srun task two SIGTERMs 3-9 ms apart on a time limit: one stop. The
     finalizers (a slow one of the program's, then MLflow's) all run; the process dies of
