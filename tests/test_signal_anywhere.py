@@ -544,6 +544,48 @@ threading.Event().wait()
     assert journal_files(store) == []  # written, so removed
 
 
+def test_ctrl_c_before_end_run_s_pop_leaves_the_thread_s_previous_run_alone(
+    store: Store,
+) -> None:
+    """Ctrl-C inside end_run before it pops the run: MLflow's "last active run" still names the
+    run ended before, which another process has resumed since (here: set RUNNING again). Only
+    end_run's own record of the run it popped counts; the resumed run is not touched, and the
+    run still on the stack ends KILLED."""
+    result = run(
+        program(
+            """
+import inspect
+import mlflow.tracking.fluent as fluent
+from mlflow.tracking import MlflowClient
+earlier = mlflow.start_run(nested=True).info.run_id
+mlflow.end_run()  # FINISHED; MLflow notes it as the thread's last active run
+MlflowClient().update_run(earlier, "RUNNING")  # resumed by another process since,
+MlflowClient().set_tag(earlier, "lifeguard.owner.pid", str(os.getppid()))  # which owns it now
+current = mlflow.start_run(nested=True).info.run_id
+source, first = inspect.getsourcelines(fluent.end_run)
+[pop] = [first + i for i, line in enumerate(source) if "active_run_stack.pop()" in line]
+def local(frame, event, arg):
+    if event == "line" and frame.f_lineno == pop:
+        raise KeyboardInterrupt  # Ctrl-C, at the instant before the pop
+    return local
+def tracer(frame, event, arg):
+    return local if frame.f_code is fluent.end_run.__code__ else None
+demo.announce(run_ids=[run.info.run_id, current, earlier])
+sys.stdin.readline()
+sys.settrace(tracer)
+mlflow.end_run()
+"""
+        ),
+        store,
+    )
+    assert result.returncode == -signal.SIGINT, result.stderr
+    top, current, earlier = result.ready["run_ids"]  # type: ignore[misc]
+    assert store.status(current) == "KILLED", result.stderr
+    assert store.status(top) == "KILLED", result.stderr
+    assert store.status(earlier) == "RUNNING", result.stderr  # not this process's to end
+    assert journal_files(store) == []
+
+
 def test_ctrl_c_inside_end_run_ends_the_run_it_was_ending(store: Store) -> None:
     """Ctrl-C's KeyboardInterrupt raised in end_run's status write, after the run was popped off
     its stack: the write is rolled back and the run is on no stack. Its owner tags find it (the

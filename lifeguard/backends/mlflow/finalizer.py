@@ -115,7 +115,7 @@ class Plan:
             spellings[store.absolute] = store
             status = outcome.status.value
             entries.append(Entry(run_id, store.absolute, status, end_time, dict(tags)))
-        ending = _run_end_run_was_ending(fluent)
+        ending = _run_end_run_was_ending()
         if ending is not None and ending not in skip and all(e.run_id != ending for e in entries):
             # Popped off its stack, its status write cut short: journaled with the others, so
             # that it is not left to a search after the writes, which a stuck write never
@@ -245,20 +245,22 @@ def _grouped(entries: list[Entry]) -> dict[str, list[Entry]]:
     return groups
 
 
-def _run_end_run_was_ending(fluent: object) -> str | None:
+def _run_end_run_was_ending() -> str | None:
     """The run whose ``end_run`` the uncaught exception (Ctrl-C's KeyboardInterrupt) came
-    through: MLflow pops it off the stack, notes it as the thread's last active run, then
-    writes its status. None if the exception did not come through ``end_run``."""
-    if not _raised_in("end_run"):
-        return None
-    import threading
-
-    last = getattr(fluent, "_last_active_run_id", None)
-    values = getattr(last, "get_all_thread_values", None)
-    if values is None:  # MLflow's internals moved: the search after the writes remains
-        return None
-    run_id = values().get(threading.main_thread().ident or -1)
-    return run_id if isinstance(run_id, str) else None
+    through, if MLflow had popped it off its stack by then: ``end_run`` names it in its local
+    ``last_active_run_id`` right after the pop, before it writes the status. Read from that
+    very frame: the thread's "last active run" would still name the run before it if the
+    exception came before the pop, a run this process may have ended long ago and another
+    one resumed since."""
+    exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    tb = getattr(exc, "__traceback__", None)
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_name == "end_run" and code.co_filename.endswith("fluent.py"):
+            run_id = tb.tb_frame.f_locals.get("last_active_run_id")
+            return run_id if isinstance(run_id, str) else None
+        tb = tb.tb_next
+    return None
 
 
 def _raised_in_run_change() -> bool:
