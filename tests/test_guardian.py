@@ -60,3 +60,47 @@ def test_watchdog_stands_down_when_the_program_finalized(scenario: Scenario, sto
     assert run.info.status == "KILLED"
     assert run.data.tags["lifeguard.ended_by"] == "process"
     assert scenario.calls() == [(result.ready["pid"], "KILLED")]
+
+
+def test_a_store_locked_at_the_death_is_waited_for_within_the_deadline(
+    scenario: Scenario, store: Store
+) -> None:
+    """Someone else holds the sqlite store's write lock when the program is SIGKILLed (another
+    job's writes, a `sqlite3` shell): the watchdog cannot even open the store at first. It tries
+    again until its deadline (10 s) rather than give up: the lock, held 8 s here (past the
+    watchdog's import of mlflow and sqlite's 5 s busy timeout), is gone by then, and the run
+    reads KILLED. It used to die of the OperationalError, the run RUNNING."""
+    import sqlite3
+    import threading
+
+    holding = threading.Event()
+    release = threading.Event()
+
+    def hold_the_lock() -> None:
+        conn = sqlite3.connect(store.path, timeout=30, isolation_level=None)
+        conn.execute("BEGIN EXCLUSIVE")
+        holding.set()
+        release.wait(60)
+        conn.execute("ROLLBACK")
+        conn.close()
+
+    def lock_then_kill(ready: dict[str, object]) -> None:
+        threading.Thread(target=hold_the_lock, daemon=True).start()
+        assert holding.wait(30)
+        # The fault: a lock held for a while after the death, then let go.
+        threading.Timer(8.0, release.set).start()
+
+    try:
+        result = scenario.run(
+            "--path", "SIGKILL", "--watchdog", send=(signal.SIGKILL,), after_ready=lock_then_kill
+        )
+        died = int(time.time() * 1000)
+        assert result.returncode == -signal.SIGKILL, result.stderr
+        wait_gone(result.ready["watchdog"])
+    finally:
+        release.set()
+    [run_id] = result.ready["run_ids"]
+    run = store.run(run_id)
+    assert run.info.status == "KILLED"
+    assert run.info.end_time is not None and run.info.end_time <= died
+    assert run.data.tags["lifeguard.ended_by"] == "watchdog"

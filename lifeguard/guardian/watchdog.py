@@ -29,6 +29,8 @@ from lifeguard.guardian.channel import ENV, WATCHDOG, Channel, Message, parse_li
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
+
     from lifeguard.guardian import rest
     from lifeguard.guardian.journal import Entry, Journal
     from lifeguard.outcome import Outcome
@@ -215,16 +217,30 @@ class _MlflowStore:
     """One store through mlflow's client (``runs``): every scheme, every plug-in."""
 
     def __init__(self, uri: str) -> None:
-        from mlflow.tracking import MlflowClient
-
         from lifeguard.backends.mlflow import runs
 
         self.runs = runs
-        self.client = MlflowClient(tracking_uri=uri)
+        self._client: MlflowClient | None = None
         self.tracking_uri = uri
 
+    @property
+    def client(self) -> MlflowClient:
+        """Made at first use, where a failure is the store's failure: a sqlite store opens its
+        database and checks its schema right away, and a locked one raises there."""
+        if self._client is None:
+            from mlflow.tracking import MlflowClient
+
+            self._client = MlflowClient(tracking_uri=self.tracking_uri)
+        return self._client
+
     def apply(self, entry: Entry, *, journal: Journal, write_ahead: bool) -> str:
-        return str(self.runs.apply(self.client, entry, journal=journal, write_ahead=write_ahead))
+        try:
+            client = self.client
+        except Exception as exc:  # noqa: BLE001 - the store cannot be opened now: journal it
+            from lifeguard.guardian.journal import after_failed_write
+
+            return after_failed_write(journal, entry, self.tracking_uri, exc)
+        return str(self.runs.apply(client, entry, journal=journal, write_ahead=write_ahead))
 
     def terminate(
         self,
@@ -235,10 +251,18 @@ class _MlflowStore:
         journal: Journal,
         seen_running: bool = False,
     ) -> str:
+        try:
+            client = self.client
+        except Exception as exc:  # noqa: BLE001 - the store cannot be opened now: journal it
+            from lifeguard.guardian.journal import Entry, after_failed_write
+
+            tags = {**outcome.tags(), self.runs.TAG_ENDED_BY: ended_by}
+            entry = Entry(
+                run_id, self.tracking_uri, outcome.status.value, int(outcome.time * 1000), tags
+            )
+            return after_failed_write(journal, entry, self.tracking_uri, exc)
         # runs.terminate reads the status itself: seen_running only saves a request over REST.
-        return str(
-            self.runs.terminate(self.client, run_id, outcome, ended_by=ended_by, journal=journal)
-        )
+        return str(self.runs.terminate(client, run_id, outcome, ended_by=ended_by, journal=journal))
 
     def find_running_owned_by(self, owner: Owner) -> list[str]:
         return list(self.runs.find_running_owned_by(self.client, owner))
@@ -336,20 +360,7 @@ def finalize_leftovers(
                     work = []
                     for uri in uris:
                         store = stores.get(uri)
-                        try:
-                            found = store.find_running_owned_by(owner)
-                        except Exception as exc:  # noqa: BLE001 - report and go on with the others
-                            from lifeguard._log import logger
-
-                            logger().error(
-                                "lifeguard %s: cannot search %s for the runs of pid %d: %s; "
-                                "`lifeguard sweep` will find them by their owner tags",
-                                ended_by,
-                                store.tracking_uri,
-                                pid,
-                                exc,
-                            )
-                            continue
+                        found = _search(store, owner, stores.budget, ended_by, pid)
                         work.extend((store, run_id, True) for run_id in found)
                 for store, run_id, seen_running in work:
                     if run_id in results:
@@ -364,6 +375,39 @@ def finalize_leftovers(
         finally:
             stores.close()
     return results
+
+
+# Between two tries of a search that failed (a sqlite store locked by someone else, a server
+# restarting): until the deadline, since nothing can be journaled before the runs are known.
+SEARCH_RETRY = 0.25
+
+
+def _search(
+    store: rest.RestStore | _MlflowStore,
+    owner: Owner,
+    budget: rest.Budget,
+    ended_by: str,
+    pid: int,
+) -> list[str]:
+    """The RUNNING runs ``owner`` left in ``store``, tried again until the deadline."""
+    while True:
+        try:
+            return store.find_running_owned_by(owner)
+        except Exception as exc:  # noqa: BLE001 - report and go on with the other stores
+            if budget.left() > 2 * SEARCH_RETRY:
+                time.sleep(SEARCH_RETRY)
+                continue
+            from lifeguard._log import logger
+
+            logger().error(
+                "lifeguard %s: cannot search %s for the runs of pid %d: %s; "
+                "`lifeguard sweep` will find them by their owner tags",
+                ended_by,
+                store.tracking_uri,
+                pid,
+                exc,
+            )
+            return []
 
 
 def _deferred_work(
