@@ -818,7 +818,9 @@ def _demo(directory: str, jobs: int) -> bool:
     uri = f"sqlite:///{db}"
     env = {k: v for k, v in os.environ.items() if k != MARKER}
     env.update({"MLFLOW_TRACKING_URI": uri, "PYTHONWARNINGS": "ignore", MARKER: directory,
-                "LIFEGUARD_JOURNAL_DIR": os.path.join(directory, "journal")})  # fmt: skip
+                "LIFEGUARD_JOURNAL_DIR": os.path.join(directory, "journal"),
+                # The demo's watchdogs take turns among themselves, not with the host's.
+                "LIFEGUARD_TURNS_DIR": os.path.join(directory, "turns")})  # fmt: skip
     paths = {**PATHS, **DEATHS}
     labels = {path: paths[path][0] + (" [watchdog]" if path in DEATHS else "") for path in paths}
     last = DEAD_SERVER + " [journal]"

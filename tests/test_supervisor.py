@@ -350,3 +350,35 @@ def test_run_help_says_what_it_does() -> None:
     for expected in ("CMD", "SIGINT, SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2", "exit status",
                      "dies of the same signal", "SIGTERM when the supervisor dies"):  # fmt: skip
         assert expected in text, expected
+
+
+def test_the_supervisor_does_not_wait_for_a_guardian_turn(
+    scenario: Scenario, store: Store, tmp_path: Path
+) -> None:
+    """Every turn of the host is taken (fifty watchdogs of a node's other jobs at work): the
+    supervisor, whose exit the job's launcher waits on, ends its SIGKILLed child's run at once
+    rather than wait up to five minutes in line, where the launcher's own SIGKILL would find
+    nothing journaled yet."""
+    import fcntl
+
+    turns = tmp_path / "turns"
+    turns.mkdir(mode=0o700)
+    held = []
+    for number in range(4):
+        fd = os.open(turns / f".turn-{number}", os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.append(fd)
+    try:
+        result = scenario.run(
+            "--path", "SIGKILL",
+            send=(signal.SIGKILL,), to_ready_pid=True,
+            env=child_env(store, LIFEGUARD_TURNS_DIR=str(turns)),
+            launcher=RUN,
+        )  # fmt: skip
+    finally:
+        for fd in held:
+            os.close(fd)
+    assert result.returncode == -signal.SIGKILL, result.stderr
+    assert result.seconds < CHILD_TIMEOUT / 2, result.seconds
+    [run_id] = result.ready["run_ids"]
+    assert store.status(run_id) == "KILLED"

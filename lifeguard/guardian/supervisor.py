@@ -119,6 +119,7 @@ def supervise(cmd: Sequence[str], *, deadline: float | None = None) -> int:
             outcomes,
             ended_by="supervisor",
             deadline=deadline if deadline is not None else DEFAULT_DEADLINE,
+            in_turn=False,
         )
     if returncode < 0:
         _die_like_child(-returncode)

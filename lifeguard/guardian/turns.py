@@ -46,8 +46,12 @@ POLL = (0.005, 0.025)
 
 
 def default_dir() -> str:
-    """``$XDG_RUNTIME_DIR/lifeguard`` (a tmpfs of the user's, on this host), else
+    """``$LIFEGUARD_TURNS_DIR`` if set (the demo takes turns among its own guardians only),
+    else ``$XDG_RUNTIME_DIR/lifeguard`` (a tmpfs of the user's, on this host), else
     ``lifeguard-turns-UID`` in the temporary directory."""
+    explicit = os.environ.get("LIFEGUARD_TURNS_DIR")
+    if explicit:
+        return explicit
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     if runtime and os.path.isabs(runtime) and untrusted_directory(runtime) is None:
         return os.path.join(runtime, "lifeguard")

@@ -326,9 +326,14 @@ def finalize_leftovers(
     *,
     ended_by: str,
     deadline: float,
+    in_turn: bool = True,
 ) -> dict[str, str]:
     """End every run the dead processes left RUNNING, each on the store it was created in.
-    Returns run id -> result."""
+    Returns run id -> result. ``in_turn``: in turns with the host's other guardians (see
+    turns.py), the deadline starting once the turn is ours; the supervisor does not wait for
+    one, as the job's exit waits on it, and a launcher's SIGKILL after its grace period would
+    find nothing journaled yet."""
+    import contextlib
     import socket
 
     from lifeguard.guardian.journal import Journal
@@ -337,8 +342,7 @@ def finalize_leftovers(
 
     results: dict[str, str] = {}
     journal = Journal()
-    # In turns with the host's other guardians (see turns.py): the deadline starts after.
-    with turn():
+    with turn() if in_turn else contextlib.nullcontext():
         journaled = list(journal.entries())
         stores = _Stores(deadline)
         try:
