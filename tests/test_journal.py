@@ -310,12 +310,41 @@ def test_a_replay_is_due_once_per_interval_or_for_a_newer_entry(tmp_path: Path) 
     journal.replay_started()
     os.utime(tmp_path / "journal" / ("b" * 32 + ".json"), (old, old))
     assert not journal.replay_due()
-    long_ago = time.time() - REPLAY_EVERY - 1
-    os.utime(stamp, (long_ago, long_ago))
+    # The interval is kept on the local clock, in the stamp (an NFS server's clock sets its
+    # mtime, and may be minutes off).
+    stamp.write_text(f"{time.time() - REPLAY_EVERY - 1}\n")
+    os.utime(stamp, (old + 1, old + 1))
     assert journal.replay_due()  # the interval is over
-    future = time.time() + 3600
-    os.utime(stamp, (future, future))
+    stamp.write_text(f"{time.time() + 3600}\n")
+    os.utime(stamp, (old + 1, old + 1))
     assert journal.replay_due()  # a clock set back is no reason to wait an hour
+    stamp.write_text(f"{time.time()}\n")
+    skewed = time.time() - 700  # the server's clock, 700 s behind ours
+    os.utime(stamp, (skewed, skewed))
+    for name in ("a" * 32, "b" * 32):
+        os.utime(tmp_path / "journal" / (name + ".json"), (skewed - 5, skewed - 5))
+    assert not journal.replay_due()  # started just now by our clock, nothing newer since
+
+
+def test_a_planted_stamp_neither_blocks_nor_silences_the_replay(tmp_path: Path) -> None:
+    """A FIFO or a symlink where the stamp goes: install() neither blocks on it nor follows
+    it; the replay is due (no usable stamp), and the next stamp replaces what was there."""
+    from lifeguard.guardian.journal import REPLAY_STAMP
+
+    journal = Journal(str(tmp_path / "journal"))
+    _entry(journal, "d" * 32)
+    stamp = tmp_path / "journal" / REPLAY_STAMP
+    os.mkfifo(stamp, 0o600)
+    assert journal.replay_due()
+    journal.replay_started()  # would block forever opening a FIFO for writing
+    assert stamp.is_file() and not journal.replay_due()
+    stamp.unlink()
+    target = tmp_path / "elsewhere"
+    target.write_text(f"{time.time()}\n")
+    stamp.symlink_to(target)
+    assert journal.replay_due()  # a symlink is not our stamp
+    journal.replay_started()
+    assert not stamp.is_symlink() and target.read_text().strip() != ""
 
 
 def test_programs_started_together_start_one_replay(tmp_path: Path) -> None:

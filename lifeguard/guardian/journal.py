@@ -262,16 +262,19 @@ class Journal:
             names = [name for name in os.listdir(self.directory) if name.endswith(SUFFIX)]
             if not names:
                 return False
-            try:
-                last = os.stat(os.path.join(self.directory, REPLAY_STAMP)).st_mtime
-            except FileNotFoundError:
+            stamp = self._read_stamp()
+            if stamp is None:
                 return True
-            # A stamp from the future (a clock set back) is no reason to wait.
-            if not 0 <= time.time() - last < REPLAY_EVERY:
+            started, mtime = stamp
+            # The interval on our own clock (the time written in the stamp), the entries'
+            # age against the stamp's mtime: an NFS server sets both mtimes, and its clock may
+            # be minutes off ours. A start from the future (a clock set back) is no reason to
+            # wait.
+            if not 0 <= time.time() - started < REPLAY_EVERY:
                 return True
             for name in names:
                 try:
-                    if os.stat(os.path.join(self.directory, name)).st_mtime >= last:
+                    if os.lstat(os.path.join(self.directory, name)).st_mtime >= mtime:
                         return True
                 except FileNotFoundError:
                     continue  # replayed meanwhile
@@ -279,17 +282,29 @@ class Journal:
         except OSError:
             return False
 
-    def replay_started(self) -> None:
-        """Stamp the start of a replay (see :meth:`replay_due`). Raises OSError."""
-        fd = os.open(
-            os.path.join(self.directory, REPLAY_STAMP),
-            os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0),
-            0o600,
-        )
+    def _read_stamp(self) -> tuple[float, float] | None:
+        """(the local time the last replay started, the stamp's mtime), or None if there is no
+        usable stamp. Never follows a symlink nor blocks on a FIFO planted in its place."""
         try:
-            os.utime(fd)
+            data = read_private(os.path.join(self.directory, REPLAY_STAMP), limit=64)
+            mtime = os.lstat(os.path.join(self.directory, REPLAY_STAMP)).st_mtime
+            return float(data.decode().strip()), mtime
+        except (OSError, Untrusted, ValueError, UnicodeDecodeError):
+            return None
+
+    def replay_started(self) -> None:
+        """Stamp the start of a replay (see :meth:`replay_due`): the local time, written
+        atomically. Raises OSError."""
+        path = os.path.join(self.directory, REPLAY_STAMP)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK
+        fd = os.open(tmp, flags | getattr(os, "O_CLOEXEC", 0), 0o600)
+        try:
+            os.fchmod(fd, 0o600)
+            os.write(fd, f"{time.time()!r}\n".encode())  # full precision: read back as is
         finally:
             os.close(fd)
+        os.replace(tmp, path)  # whatever was planted there (a FIFO, a symlink) is replaced
 
     # -- entries ------------------------------------------------------------------------------
 
