@@ -232,3 +232,26 @@ class Owner:
 
 def _agree(mine: str | None, theirs: str | None) -> bool:
     return mine is None or theirs is None or mine == theirs
+
+
+def adopted_since(status: str, tags: dict[str, str], pid: int | None, ended_at: int) -> bool:
+    """Whether a run that process ``pid`` journaled as ended at ``ended_at`` (ms) has been
+    resumed since by another process that may be alive: still RUNNING, its owner tags (which
+    a resumed run's new owner rewrites, see heartbeat.py) name another process, and that one
+    is alive where that can be checked (same host, boot and PID namespace), else its heartbeat
+    is newer than the journaled end. Writing the journaled ending would then end a live run,
+    and "never overwrite" would keep the wrong status for good."""
+    from lifeguard.backends.mlflow.heartbeat import TAG_HEARTBEAT
+
+    if pid is None or status != "RUNNING":
+        return False
+    owner = Owner.from_tags(tags)
+    if owner is None or (owner.pid == pid and owner.is_local()):
+        return False  # still the writer's run: this ending is the latest news of it
+    alive = owner.is_alive()
+    if alive is not None:
+        return alive
+    try:
+        return int(tags.get(TAG_HEARTBEAT, "0")) > ended_at
+    except ValueError:
+        return False

@@ -250,3 +250,63 @@ def test_a_requeued_job_s_replay_leaves_the_run_it_resumed_alone(store: Store) -
     assert result.returncode == 0, result.stderr
     assert store.status(run_id) == "FINISHED"
     assert list((store.path.parent / "journal").glob("*.json")) == []
+
+
+JOB_ONE = """
+import json, os, sys, time
+import lifeguard
+lifeguard.install(watchdog=True, heartbeat=0)
+import mlflow
+from lifeguard.guardian.journal import Entry, Journal
+run = mlflow.start_run()
+# Its finalization journaled the run's ending, then was cut short (a SIGKILL at the end of the
+# grace period): the watchdog has the entry to write.
+entry = Entry(run.info.run_id, mlflow.get_tracking_uri(), "KILLED", int(time.time() * 1000),
+              {"lifeguard.signal": "SIGTERM"})
+entry.pid = os.getpid()
+Journal().keep(entry)
+print(json.dumps({"run_id": run.info.run_id, "watchdog": lifeguard.watchdog_pid()}), flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_watchdog_leaves_alone_a_run_resumed_since_its_program_journaled_it(
+    store: Store,
+) -> None:
+    """Job 1 journaled its run's ending and was SIGKILLed; job 2, the requeue, had resumed the
+    run by the time job 1's watchdog got to the entry (it may wait its turn for minutes). The
+    watchdog drops the entry instead of ending a live run KILLED, which job 2's own ending could
+    then not correct ("never overwrite")."""
+    from tests.conftest import wait_gone
+
+    job_one = subprocess.Popen(
+        [sys.executable, "-c", JOB_ONE], env=child_env(store), text=True,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert job_one.stdout is not None
+        first = json.loads(job_one.stdout.readline())
+        run_id, watchdog = first["run_id"], int(first["watchdog"])
+        during: list[str] = []
+
+        def kill_job_one(ready: dict[str, object]) -> None:
+            # Job 2 has adopted the run (its owner tags name it): now job 1 dies.
+            job_one.kill()
+            job_one.wait(CHILD_TIMEOUT)
+            wait_gone(watchdog)
+            during.append(store.status(run_id))
+
+        result = run_child(
+            [sys.executable, "-c", RESUME_ELSEWHERE],
+            env=child_env(store, RESUME_URI=store.uri, RESUME_RUN_ID=run_id, ENDING="exit0"),
+            after_ready=kill_job_one,
+            timeout=CHILD_TIMEOUT,
+        )
+    finally:
+        if job_one.poll() is None:
+            job_one.kill()
+            job_one.wait()
+    assert during == ["RUNNING"], result.stderr
+    assert result.returncode == 0, result.stderr
+    assert store.status(run_id) == "FINISHED"
+    assert list((store.path.parent / "journal").glob("*.json")) == []

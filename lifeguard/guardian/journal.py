@@ -66,6 +66,7 @@ ENDED = "ended"
 ALREADY_ENDED = "already ended"
 JOURNALED = "journaled"
 FAILED = "failed"  # neither written nor journaled (the journal itself is unusable)
+SUPERSEDED = "superseded"  # an entry whose run was resumed since by a live process: dropped
 
 
 class JournalError(RuntimeError):

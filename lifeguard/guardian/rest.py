@@ -451,6 +451,29 @@ class RestStore:
             raise RestError("runs/get: no status in the answer")
         return str(info["status"])
 
+    def adopted_since(self, entry: Entry) -> bool:
+        """``owner.adopted_since`` for the run ``entry`` is about; a failed read says no (the
+        write then meets the same failure and keeps the entry)."""
+        from lifeguard.owner import adopted_since
+
+        try:
+            answer = self.call(
+                "GET", "runs/get", {"run_id": entry.run_id, "run_uuid": entry.run_id}
+            )
+        except RestError:
+            return False
+        run = answer.get("run")
+        info = run.get("info") if isinstance(run, dict) else None
+        data = run.get("data") if isinstance(run, dict) else None
+        if not isinstance(info, dict):
+            return False
+        tags = {
+            str(tag.get("key")): str(tag.get("value"))
+            for tag in (data.get("tags") or [] if isinstance(data, dict) else [])
+            if isinstance(tag, dict)
+        }
+        return adopted_since(str(info.get("status")), tags, entry.pid, entry.end_time)
+
     def has_run(self, run_id: str) -> bool:
         """Whether the run exists in this store (False on RESOURCE_DOES_NOT_EXIST)."""
         try:

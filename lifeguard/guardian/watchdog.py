@@ -267,6 +267,13 @@ class _MlflowStore:
     def find_running_owned_by(self, owner: Owner) -> list[str]:
         return list(self.runs.find_running_owned_by(self.client, owner))
 
+    def adopted_since(self, entry: Entry) -> bool:
+        try:
+            client = self.client
+        except Exception:  # noqa: BLE001 - cannot say: the write meets the same failure
+            return False
+        return bool(self.runs._resumed_since(client, entry))
+
     def has_run(self, run_id: str) -> bool:
         from mlflow.exceptions import MlflowException
 
@@ -336,7 +343,7 @@ def finalize_leftovers(
     import contextlib
     import socket
 
-    from lifeguard.guardian.journal import Journal
+    from lifeguard.guardian.journal import SUPERSEDED, Journal
     from lifeguard.guardian.turns import turn
     from lifeguard.owner import Owner
 
@@ -352,10 +359,16 @@ def finalize_leftovers(
                 # its time, the exit code): written as it is, to the store the entry names. The
                 # rest get what the evidence says.
                 for entry in journaled:
-                    if entry.pid == pid:
-                        results[entry.run_id] = stores.get(entry.tracking_uri).apply(
-                            entry, journal=journal, write_ahead=False
-                        )
+                    if entry.pid != pid:
+                        continue
+                    store = stores.get(entry.tracking_uri)
+                    if store.adopted_since(entry):
+                        # A requeued job resumed the run while we waited our turn: its live
+                        # owner ends it with the truth; this ending is history.
+                        journal.remove(entry)
+                        results[entry.run_id] = SUPERSEDED
+                        continue
+                    results[entry.run_id] = store.apply(entry, journal=journal, write_ahead=False)
                 owner = Owner(socket.gethostname(), pid, evidence.start_times[pid])
                 uris = evidence.uris.get(pid, [])
                 if pid in evidence.deferred:

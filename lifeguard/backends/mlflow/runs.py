@@ -18,6 +18,7 @@ from lifeguard.guardian.journal import (
     ENDED,
     FAILED,
     JOURNALED,
+    SUPERSEDED,
     Entry,
     Journal,
     after_failed_write,
@@ -53,7 +54,6 @@ EXPERIMENTS_PER_SEARCH = 100
 TAG_ENDED_BY = "lifeguard.ended_by"
 
 # Results of terminate() / replay, besides the journal's (ENDED, ALREADY_ENDED, ...).
-SUPERSEDED = "superseded"  # a replayed entry whose run was resumed since: dropped
 
 
 @contextlib.contextmanager
@@ -210,12 +210,10 @@ def replay_journal(
 
 
 def _resumed_since(client: MlflowClient, entry: Entry) -> bool:
-    """Whether the run, still RUNNING, now belongs to another process than the one that
-    journaled ``entry`` (a resumed run's owner tags are rewritten by its new owner, see
-    heartbeat.py), and that process may be alive: checked where it can be (same host, boot and
-    PID namespace), else by a heartbeat newer than the journaled end. A failed read says no:
-    ``apply`` then meets the same failure and keeps the entry."""
-    from lifeguard.backends.mlflow.heartbeat import TAG_HEARTBEAT
+    """Whether the run has been resumed by another live process since ``entry`` was journaled
+    (``owner.adopted_since``). A failed read says no: ``apply`` then meets the same failure
+    and keeps the entry."""
+    from lifeguard.owner import adopted_since
 
     if entry.pid is None:
         return False
@@ -223,19 +221,7 @@ def _resumed_since(client: MlflowClient, entry: Entry) -> bool:
         run = client.get_run(entry.run_id)
     except Exception:  # noqa: BLE001
         return False
-    if run.info.status != RUNNING:
-        return False
-    tags = dict(run.data.tags)
-    owner = Owner.from_tags(tags)
-    if owner is None or (owner.pid == entry.pid and owner.is_local()):
-        return False  # still the writer's run: this ending is the latest news of it
-    alive = owner.is_alive()
-    if alive is not None:
-        return alive
-    try:
-        return int(tags.get(TAG_HEARTBEAT, "0")) > entry.end_time
-    except ValueError:
-        return False
+    return adopted_since(run.info.status, dict(run.data.tags), entry.pid, entry.end_time)
 
 
 def _writer_alive(entry: Entry) -> bool:
