@@ -268,6 +268,13 @@ class Context:
         self.template = root / "template.db"
         self._counter = itertools.count()
         self._lock = threading.Lock()
+        global PACKAGE
+        seen = subprocess.run(
+            [sys.executable, "-c", "import lifeguard; print(lifeguard.__path__[0])"],
+            env=child_env("sqlite:///:memory:", root / "journal"),
+            capture_output=True, text=True, check=True, timeout=60,
+        )  # fmt: skip
+        PACKAGE = os.path.realpath(seen.stdout.strip())
 
     def make_template(self) -> None:
         """An empty, migrated sqlite store; migrating takes seconds, so it is done once and
@@ -418,7 +425,10 @@ def run_trial(ctx: Context, trial: Trial) -> Result:
 
         (workdir / "stderr.txt").write_text(stderr)  # kept with the directory of a failure
         (workdir / "events.json").write_text(json.dumps(events))
-        if not result.programs_own:
+        if result.programs_own == DROPPED:
+            # Judged as the SIGTERM ending it then had: nothing on stderr but the drop.
+            result.wrong.extend(check_stderr(without_dropped_reports(stderr), "SIGTERM"))
+        elif not result.programs_own:
             result.wrong.extend(check_stderr(stderr, trial.signal))
         result.lifeguard_lines = [
             line.strip()[:200] for line in stderr.splitlines() if line.startswith("lifeguard")
@@ -512,14 +522,53 @@ def tracebacks(stderr: str) -> Iterator[str]:
 KEYBOARD_INTERRUPT = ("KeyboardInterrupt", "KeyboardInterrupt:")
 
 
+# The lifeguard package the children import (set by Context from a child's own view: a
+# checkout's PYTHONPATH or an installed copy). A frame of it in the wrong place means the
+# ending was lifeguard's doing, never the program's.
+PACKAGE = os.path.realpath(REPO / "lifeguard")
+FRAME = re.compile(r'^\s*File "([^"]+)", line \d+, in (\S+)')
+# Where a dropped KeyboardInterrupt rightly shows lifeguard: its handler, chaining to Python's.
+HANDLER_FRAMES = {("signals.py", "handler"), ("signals.py", "_chain")}
+
+
+def _lifeguard_frames(text: str) -> list[tuple[str, str]]:
+    """(file name, function) of each frame of the lifeguard package in ``text``."""
+    frames = []
+    for line in text.splitlines():
+        match = FRAME.match(line)
+        if match and os.path.realpath(match.group(1)).startswith(PACKAGE + os.sep):
+            frames.append((os.path.basename(match.group(1)), match.group(2)))
+    return frames
+
+
+def _dropped_reports(stderr: str) -> list[str]:
+    """CPython's reports of a KeyboardInterrupt it could only print and drop: "Exception
+    ignored in: ..." down to the KeyboardInterrupt line."""
+    reports, current = [], None
+    for line in stderr.splitlines():
+        if line.startswith("Exception ignored in"):
+            current = [line]
+        elif current is not None:
+            current.append(line)
+            if line.strip() in KEYBOARD_INTERRUPT:
+                reports.append("\n".join(current))
+                current = None
+    return reports
+
+
 def dropped_keyboard_interrupt(stderr: str) -> bool:
-    """CPython's report of a KeyboardInterrupt raised where it can only be printed and
-    dropped (a weakref callback, a __del__): "Exception ignored in: ..." and, before the next
-    such report, the KeyboardInterrupt line."""
-    for report in stderr.split("Exception ignored in")[1:]:
-        if any(line.strip() in KEYBOARD_INTERRUPT for line in report.splitlines()):
-            return True
-    return False
+    """A KeyboardInterrupt raised where CPython can only print and drop it (a weakref
+    callback, a __del__), in the program's code or a library's: no frame of lifeguard's but
+    its signal handler's."""
+    return any(
+        set(_lifeguard_frames(report)) <= HANDLER_FRAMES for report in _dropped_reports(stderr)
+    )
+
+
+def without_dropped_reports(stderr: str) -> str:
+    for report in _dropped_reports(stderr):
+        stderr = stderr.replace(report, "", 1)
+    return stderr
 
 
 def raised_in_cleanup(stderr: str) -> bool:
@@ -538,13 +587,56 @@ def raised_in_cleanup(stderr: str) -> bool:
         and "KeyboardInterrupt" in first_exceptions
         and finals[0] != "KeyboardInterrupt"
         and CHAINED[0] in stderr
-        and f'File "{REPO / "lifeguard"}{os.sep}' not in last
+        and not _lifeguard_frames(last)
     )
+
+
+# What SQLAlchemy logs (its pool's logger, printed by logging's last resort) when a
+# KeyboardInterrupt cuts a fetch short: it invalidates the connection, then fails to close the
+# cursor on it. A library's own report of the Ctrl-C, with or without lifeguard.
+LIBRARY_REPORTS = ("Error closing cursor",)
+
+
+def without_library_reports(stderr: str) -> str:
+    """``stderr`` less each LIBRARY_REPORTS line and the traceback chain logged with it, when
+    that chain starts with the KeyboardInterrupt and shows no frame of lifeguard's but its
+    signal handler's."""
+    lines = stderr.splitlines()
+    kept: list[str] = []
+    i = 0
+    while i < len(lines):
+        if lines[i].strip() not in LIBRARY_REPORTS:
+            kept.append(lines[i])
+            i += 1
+            continue
+        j = i + 1
+        while j < len(lines) and lines[j].strip() == TRACEBACK:
+            j += 1
+            while j < len(lines) and (lines[j].startswith((" ", "\t")) or not lines[j].strip()):
+                j += 1
+            j += 1  # the exception line
+            k = j
+            while k < len(lines) and not lines[k].strip():
+                k += 1
+            if k >= len(lines) or lines[k].strip() not in CHAINED:
+                break  # the chain ends here: what follows is not part of the report
+            j = k + 1
+            while j < len(lines) and not lines[j].strip():
+                j += 1
+        report = "\n".join(lines[i:j])
+        if "KeyboardInterrupt" in report and set(_lifeguard_frames(report)) <= HANDLER_FRAMES:
+            i = j
+        else:
+            kept.append(lines[i])
+            i += 1
+    return "\n".join(kept)
 
 
 def check_stderr(stderr: str, sig: str) -> list[str]:
     """stderr as without lifeguard: no traceback, except SIGINT's KeyboardInterrupt."""
     wrong = []
+    if sig == "SIGINT":
+        stderr = without_library_reports(stderr)
     finals = list(tracebacks(stderr))
     expected = ["KeyboardInterrupt"] if sig == "SIGINT" else []
     if [f.strip() for f in finals] != expected:

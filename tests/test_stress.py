@@ -88,6 +88,22 @@ Traceback (most recent call last):
     os.close(temp_file_descriptor)
 OSError: [Errno 9] Bad file descriptor
 """
+SQLALCHEMY_CLOSING_CURSOR = """\
+Error closing cursor
+Traceback (most recent call last):
+  File "sqlalchemy/engine/cursor.py", line 1315, in fetchall
+    rows = dbapi_cursor.fetchall()
+  File "lifeguard/signals.py", line 473, in _chain
+    previous(signum, frame)
+KeyboardInterrupt
+
+During handling of the above exception, another exception occurred:
+
+Traceback (most recent call last):
+  File "sqlalchemy/engine/base.py", line 2210, in _safe_close_cursor
+    cursor.close()
+sqlite3.ProgrammingError: Cannot operate on a closed database.
+"""
 PLAIN_CTRL_C = """\
 Traceback (most recent call last):
   File "tests/children/stress_program.py", line 205, in <module>
@@ -108,3 +124,28 @@ def test_the_harness_tells_the_programs_own_endings_apart() -> None:
     ours = f'  File "{stress.REPO / "lifeguard" / "signals.py"}", line 1, in handler\n'
     in_lifeguard = RAISED_IN_FDOPEN_CLEANUP.replace("OSError:", ours + "OSError:")
     assert not stress.raised_in_cleanup(in_lifeguard)
+    # A KeyboardInterrupt dropped in a callback of lifeguard's own is not CPython's doing for
+    # the program; lifeguard's signal handler in the report is (it raised it, as Python's).
+    finalizer = stress.REPO / "lifeguard" / "backends" / "mlflow" / "finalizer.py"
+    callback = f'  File "{finalizer}", line 1, in _release_frames\n'
+    ours_dropped = DROPPED_IN_WEAKREF_CALLBACK.replace(
+        "Traceback (most recent call last):\n", "Traceback (most recent call last):\n" + callback
+    )
+    assert not stress.dropped_keyboard_interrupt(ours_dropped)
+    handler = stress.REPO / "lifeguard" / "signals.py"
+    with_handler = DROPPED_IN_WEAKREF_CALLBACK.replace(
+        'File "lifeguard/signals.py"', f'File "{handler}"'
+    )
+    assert stress.dropped_keyboard_interrupt(with_handler)
+    assert stress.without_dropped_reports(with_handler).strip() == ""
+    # SQLAlchemy's own log line and traceback for the cursor it could not close, then the
+    # program's Ctrl-C traceback: as without lifeguard.
+    assert stress.check_stderr(SQLALCHEMY_CLOSING_CURSOR + PLAIN_CTRL_C, "SIGINT") == []
+    assert stress.check_stderr(SQLALCHEMY_CLOSING_CURSOR + PLAIN_CTRL_C, "SIGTERM") != []
+    assert (
+        stress.check_stderr(
+            SQLALCHEMY_CLOSING_CURSOR.replace("Error closing cursor", "Other") + PLAIN_CTRL_C,
+            "SIGINT",
+        )
+        != []
+    )
