@@ -10,8 +10,10 @@
    *ender* thread. The main thread is never frozen at the instant of delivery: it runs on,
    finishes the write it was in and releases its locks. It is parked the next time it calls
    into a tracking library, so it cannot log to a run that is being ended or open a new one.
-4. The ender runs the finalizers (the lifecycle, bounded by the deadline; every run's status is
-   journaled before anything slow), then ends the process by the same signal's default action.
+4. The ender first journals every run's final status (the finalizers' prepare(): memory and
+   local disk only), then lets the main thread finish the tracker call it was in (bounded), then
+   runs the finalizers (the lifecycle, bounded by the deadline), then ends the process by the
+   same signal's default action.
 5. A repeat of the same signal within ``REPEAT_WINDOW`` is the same stop (Slurm sends two
    SIGTERMs a few ms apart); a later repeat, or another signal, means "now": the listener ends
    the process at once, and the statuses land afterwards from the journal or the watchdog.
