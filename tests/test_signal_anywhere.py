@@ -50,6 +50,20 @@ def _(conn, cursor, statement, *rest):
 """
 
 
+# A nested run, and Ctrl-C sent from inside end_run's status write (its UPDATE), after MLflow
+# popped the run off its stack.
+CTRL_C_IN_END_RUN = """
+child = mlflow.start_run(nested=True)
+engine = mlflow.tracking._tracking_service.utils._get_store().engine
+fired = []
+@sqlalchemy.event.listens_for(engine, "before_cursor_execute")
+def _(conn, cursor, statement, *rest):
+    if statement.lstrip().upper().startswith("UPDATE RUNS") and not fired:
+        fired.append(1)
+        os.kill(os.getpid(), signal.SIGINT)
+"""
+
+
 def program(body: str, *, sig: int | None = None) -> list[str]:
     code = PREAMBLE + (MID_WRITE.replace("SIG)", f"{int(sig)})") if sig else "") + body
     return [sys.executable, "-c", textwrap.dedent(code)]
@@ -60,6 +74,18 @@ def run(
 ) -> ChildResult:
     env = child_env(store, TEST_INSTALL=json.dumps(install or {}))
     return run_child(cmd, env=env, timeout=CHILD_TIMEOUT, **kwargs)  # type: ignore[arg-type]
+
+
+def sweep(store: Store) -> None:
+    """``lifeguard sweep`` as a user runs it after the fact: it replays the journal."""
+    done = subprocess.run(
+        [sys.executable, "-m", "lifeguard", "sweep", "--tracking-uri", store.uri],
+        env=child_env(store),
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def signalled_at(result: ChildResult) -> float:
@@ -187,14 +213,7 @@ while True:
     [run_id] = result.ready["run_ids"]  # type: ignore[misc]
     assert store.status(run_id) == "RUNNING"
     assert len(journal_files(store)) == 1
-    sweep = subprocess.run(
-        [sys.executable, "-m", "lifeguard", "sweep", "--tracking-uri", store.uri],
-        env=child_env(store),
-        capture_output=True,
-        text=True,
-        timeout=CHILD_TIMEOUT,
-    )
-    assert sweep.returncode == 0, sweep.stdout + sweep.stderr
+    sweep(store)
     info = store.run(run_id).info
     assert info.status == "KILLED"
     assert info.end_time <= sent_second * 1000  # the first signal's time, not the sweep's
@@ -245,14 +264,7 @@ mlflow.log_metric("loss", 0.5)
     )
     [run_id] = result.ready["run_ids"]  # type: ignore[misc]
     assert len(journal_files(store)) == 1, result.stderr
-    sweep = subprocess.run(
-        [sys.executable, "-m", "lifeguard", "sweep", "--tracking-uri", store.uri],
-        env=child_env(store),
-        capture_output=True,
-        text=True,
-        timeout=CHILD_TIMEOUT,
-    )
-    assert sweep.returncode == 0, sweep.stdout + sweep.stderr
+    sweep(store)
     run_ = store.run(run_id)
     assert run_.info.status == "KILLED"
     assert run_.info.end_time <= second * 1000  # the first signal's time, from the journal
@@ -515,15 +527,8 @@ def test_the_run_end_run_was_ending_is_journaled_before_any_write(store: Store) 
     finalizer of the program's own, run first (LIFO), sees the journal as it then is."""
     result = run(
         program(
-            """
-child = mlflow.start_run(nested=True)
-engine = mlflow.tracking._tracking_service.utils._get_store().engine
-fired = []
-@sqlalchemy.event.listens_for(engine, "before_cursor_execute")
-def _(conn, cursor, statement, *rest):
-    if statement.lstrip().upper().startswith("UPDATE RUNS") and not fired:
-        fired.append(1)
-        os.kill(os.getpid(), signal.SIGINT)
+            CTRL_C_IN_END_RUN
+            + """
 journal = os.environ["LIFEGUARD_JOURNAL_DIR"]
 lifeguard.register(lambda outcome: os.write(
     1, ("JOURNAL " + json.dumps(sorted(os.listdir(journal))) + "\\n").encode()), name="peek")
@@ -592,15 +597,8 @@ def test_ctrl_c_inside_end_run_ends_the_run_it_was_ending(store: Store) -> None:
     stress harness's one status lost, SIGINT in its mixed workload)."""
     result = run(
         program(
-            """
-child = mlflow.start_run(nested=True)
-engine = mlflow.tracking._tracking_service.utils._get_store().engine
-fired = []
-@sqlalchemy.event.listens_for(engine, "before_cursor_execute")
-def _(conn, cursor, statement, *rest):
-    if statement.lstrip().upper().startswith("UPDATE RUNS") and not fired:
-        fired.append(1)
-        os.kill(os.getpid(), signal.SIGINT)
+            CTRL_C_IN_END_RUN
+            + """
 demo.announce(run_ids=[run.info.run_id, child.info.run_id])
 sys.stdin.readline()
 mlflow.end_run()
