@@ -114,16 +114,20 @@ def apply(client: MlflowClient, entry: Entry, *, journal: Journal | None, write_
     """Write ``entry`` to the store unless the run is no longer RUNNING. With ``write_ahead``
     the entry is journaled before the first call, so that a call cut off by the deadline (or a
     SIGKILL in the middle of it) loses nothing; otherwise it is journaled only on failure."""
+    from lifeguard.backends.mlflow import sql
+    from lifeguard.finalizers import time_left
+
     if journal is not None and write_ahead:
         journal.keep(entry)
     try:
         # Never overwrite a run somebody already ended (the user, another guardian).
-        if not _still_running(client, entry.run_id):
-            result = ALREADY_ENDED
-        else:
-            client.log_batch(entry.run_id, tags=[RunTag(k, v) for k, v in entry.tags.items()])
-            _set_terminated(client, entry)
-            result = ENDED
+        ended = sql.end(client, entry, seconds=_lock_wait(time_left()))
+        if ended is None:  # not a SQL store: the client's calls
+            ended = _still_running(client, entry.run_id)
+            if ended:
+                client.log_batch(entry.run_id, tags=[RunTag(k, v) for k, v in entry.tags.items()])
+                _set_terminated(client, entry)
+        result = ENDED if ended else ALREADY_ENDED
     except Exception as exc:  # noqa: BLE001 - any failure to reach the store means: keep it
         return after_failed_write(journal, entry, client.tracking_uri, _first_line(exc))
     if journal is not None and entry.path is not None:
@@ -131,20 +135,19 @@ def apply(client: MlflowClient, entry: Entry, *, journal: Journal | None, write_
     return result
 
 
+# Kept back from a finalizer's time left when a write may wait on a lock: enough to journal the
+# entry and log why, after the wait gives up, before the deadline abandons the finalizer.
+LOCK_WAIT_MARGIN = 0.5
+
+
+def _lock_wait(left: float | None) -> float | None:
+    """How long a write may wait on another writer's lock: all of a finalizer's time but the
+    margin, so that a write that cannot get the lock fails, and is journaled, in time."""
+    return None if left is None else max(0.0, left - LOCK_WAIT_MARGIN)
+
+
 def _still_running(client: MlflowClient, run_id: str) -> bool:
-    """Whether the run's status is still RUNNING. On a SQL store, one SELECT of the run's row
-    (``get_run`` also loads its tags, params, metrics and inputs: four more queries, each
-    compiled the first time, on the path between a signal and the exit); elsewhere, and should
-    MLflow's internals move, ``get_run``."""
-    store = getattr(getattr(client, "_tracking_client", None), "store", None)
-    sessions = getattr(store, "ManagedSessionMaker", None)
-    get = getattr(store, "_get_run", None)
-    if sessions is not None and get is not None:
-        try:
-            with sessions() as session:
-                return bool(get(run_uuid=run_id, session=session).status == RUNNING)
-        except TypeError:  # another signature: the public way below
-            pass
+    """Whether the run's status is still RUNNING (stores other than MLflow's SQL ones)."""
     return bool(client.get_run(run_id).info.status == RUNNING)
 
 
