@@ -185,6 +185,38 @@ def test_sigint_in_the_middle_of_an_orm_flush_adds_nothing_to_stderr(store: Stor
     assert "Exception ignored" not in result.stderr, result.stderr
 
 
+# Ctrl-C while SQLAlchemy turns a query's rows into objects (set_tag's read of the run): the list
+# comprehension that does it closes over the half-read cursor, whose statement holds sqlite's
+# shared lock. Found by scripts/stress.py's set_tag workload (about 1 trial in 60).
+MID_ROWS = """
+def tracer(frame, event, arg):
+    code = frame.f_code
+    if event == "call" and code.co_name == "row_processor" and "sqlalchemy" in code.co_filename:
+        sys.settrace(None)
+        os.kill(os.getpid(), signal.SIGINT)
+        return None
+    return tracer if event == "call" and "site-packages" in code.co_filename else None
+demo.announce(run_ids=[run.info.run_id])
+sys.settrace(tracer)
+mlflow.set_tag("step", "1")
+"""
+
+
+def test_sigint_while_a_query_reads_its_rows_does_not_wait_on_the_cursors_lock(
+    store: Store,
+) -> None:
+    """``frame.clear()`` drops a finished frame's locals but, from 3.11 on, not its function:
+    the comprehension's closure kept the cursor, and its shared lock, alive until after the
+    exit hooks. The finalizer's commit waited on it until the write gave up (the deadline's
+    worth) and the status was only journaled; MLflow's own exit hook waits 20 s on it too."""
+    result = run(program(MID_ROWS), store, install={"deadline": 5.0})
+    assert result.returncode == -signal.SIGINT, result.stderr
+    [run_id] = result.ready["run_ids"]  # type: ignore[misc]
+    assert store.status(run_id) == "KILLED", result.stderr
+    assert journal_files(store) == [], result.stderr
+    assert "lifeguard" not in result.stderr, result.stderr
+
+
 def test_a_second_signal_exits_at_once_and_the_status_lands_later(store: Store) -> None:
     """A finalizer of the program's own blocks; the second SIGTERM, a second later, ends the
     process at once. The MLflow finalizer never got to run, but the run's status and the first

@@ -126,8 +126,8 @@ def test_the_harness_tells_the_programs_own_endings_apart() -> None:
     assert not stress.raised_in_cleanup(in_lifeguard)
     # A KeyboardInterrupt dropped in a callback of lifeguard's own is not CPython's doing for
     # the program; lifeguard's signal handler in the report is (it raised it, as Python's).
-    finalizer = stress.REPO / "lifeguard" / "backends" / "mlflow" / "finalizer.py"
-    callback = f'  File "{finalizer}", line 1, in _release_frames\n'
+    finalizer = stress.REPO / "lifeguard" / "backends" / "mlflow" / "held.py"
+    callback = f'  File "{finalizer}", line 1, in release\n'
     ours_dropped = DROPPED_IN_WEAKREF_CALLBACK.replace(
         "Traceback (most recent call last):\n", "Traceback (most recent call last):\n" + callback
     )

@@ -137,6 +137,7 @@ class Plan:
         """End the runs. Returns PENDING if any is only journaled."""
         from mlflow.tracking import MlflowClient
 
+        from lifeguard.backends.mlflow import held
         from lifeguard.backends.mlflow import runs as mlflow_runs
         from lifeguard.finalizers import PENDING, time_left
         from lifeguard.guardian.journal import Journal
@@ -159,7 +160,10 @@ class Plan:
             # the interpreter is torn down, with whatever they held: a SQLAlchemy connection in
             # the middle of a transaction keeps sqlite's write lock, and the write below would
             # wait on it. Nothing in those frames can end a run any more (see _forget).
-            _release_frames(self.outcome)
+            held.release(
+                getattr(sys, "last_exc", None) or getattr(sys, "last_value", None),
+                self.outcome.exception,
+            )
         _bounded_flush(fluent, _flush_budget(self.outcome))
         self._add_runs_started_since()
         if self.defer_to is not None:
@@ -293,52 +297,6 @@ def _main_thread_stack(fluent: object) -> list[object] | None:
 
     stacks: dict[int, list[object]] = fluent._active_run_stack.get_all_thread_values()  # type: ignore[attr-defined]
     return stacks.get(threading.main_thread().ident or -1)
-
-
-def _release_frames(outcome: Outcome) -> None:
-    """Clear the locals of the frames an uncaught exception's traceback holds (the frames are
-    finished: only their locals go), so that what they held is released now.
-
-    Objects freed here are freed earlier than they would have been (at interpreter teardown),
-    in the middle of whatever the exception interrupted: SQLAlchemy's ORM states from a flush
-    cut short fail an assertion in their weakref callbacks. Those complaints are about our early
-    release, not the program, so they are logged at debug level instead of printed to the
-    program's stderr."""
-    previous_hook = sys.unraisablehook
-    sys.unraisablehook = _note_unraisable
-    try:
-        _clear_traceback_frames(outcome)
-    finally:
-        sys.unraisablehook = previous_hook
-
-
-def _note_unraisable(unraisable: sys.UnraisableHookArgs) -> None:
-    logger().debug(
-        "lifeguard: while releasing the frames of the exception: %r in %r",
-        unraisable.exc_value,
-        unraisable.object,
-    )
-
-
-def _clear_traceback_frames(outcome: Outcome) -> None:
-    seen: set[int] = set()
-    pending: list[BaseException | None] = [
-        getattr(sys, "last_exc", None) or getattr(sys, "last_value", None),
-        outcome.exception,
-    ]
-    while pending:
-        exc = pending.pop()
-        if exc is None or id(exc) in seen:
-            continue
-        seen.add(id(exc))
-        tb = exc.__traceback__
-        while tb is not None:
-            try:
-                tb.tb_frame.clear()
-            except RuntimeError:  # a frame still executing (ours, or the main thread's)
-                pass
-            tb = tb.tb_next
-        pending += [exc.__cause__, exc.__context__]
 
 
 # The share of the deadline the async flush gets when a signal stops the process. A launcher's
