@@ -56,6 +56,9 @@ class Lifecycle:
         self._finalized.acquire()
         # The frame that called sys.exit, held until the finalizers have run (see note_exit).
         self.keep_alive: object = None
+        # Finalizing because the interpreter is exiting through atexit (not finish(), not a
+        # signal): the program's code has stopped, and its exception's frames are finished.
+        self.exiting = False
         # The MLflow finalizer install() registered, if any (the heartbeat asks it which runs
         # are this process's).
         self.mlflow_finalizer: object = None
@@ -136,6 +139,7 @@ class Lifecycle:
                         # no outcome to build, and none of the imports that would cost.
                         self._skip()
                     else:
+                        self.exiting = True
                         self.finalize(self.outcome or _unreported_outcome())
         finally:
             self.keep_alive = None  # the program's own __del__ cleanups may run now

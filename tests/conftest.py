@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -71,6 +72,24 @@ def child_env(store: Store, **extra: str) -> dict[str, str]:
     )
     env.update(extra)
     return env
+
+
+def without_and_with(
+    program: Path, env: dict[str, str]
+) -> dict[str, subprocess.CompletedProcess[str]]:
+    """Run ``program`` twice to the end: with ``off`` (no lifeguard) and ``on`` as its argument,
+    for a program that installs lifeguard only when told; the outputs are then compared."""
+    return {
+        mode: subprocess.run(
+            [sys.executable, str(program), mode],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=CHILD_TIMEOUT,
+            check=False,
+        )
+        for mode in ("off", "on")
+    }
 
 
 def wait_gone(pid: int, timeout: float = 60.0) -> None:

@@ -7,15 +7,17 @@ it replaced (four sessions, two commits, a read then a write, MLflow's 20 s busy
 from __future__ import annotations
 
 import sqlite3
+import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from mlflow.exceptions import MlflowException
 
 from lifeguard.backends.mlflow import runs, sql
 from lifeguard.guardian.journal import Entry
-from tests.conftest import Store
+from tests.conftest import REPO, Store, child_env, without_and_with
 
 TAGS = {"lifeguard.outcome": "signal", "lifeguard.reason": "SIGTERM", "lifeguard.signal": "SIGTERM"}
 
@@ -61,11 +63,10 @@ def test_a_run_somebody_ended_is_left_as_it_is(store: Store) -> None:
     assert not any(k.startswith("lifeguard.") for k in run.data.tags)
 
 
-def test_a_missing_or_deleted_run_raises_as_mlflow_would(store: Store) -> None:
+def test_a_deleted_run_is_left_alone_and_a_missing_one_raises(store: Store) -> None:
     run_id = new_run(store)
     store.client.delete_run(run_id)
-    with pytest.raises(MlflowException, match="active"):
-        sql.end(store.client, entry_for(store, run_id), seconds=5.0)
+    assert sql.end(store.client, entry_for(store, run_id), seconds=5.0) is False
     with pytest.raises(MlflowException, match="not found"):
         sql.end(store.client, entry_for(store, "0" * 32), seconds=5.0)
     assert store.run(run_id).info.status == "RUNNING"
@@ -152,3 +153,48 @@ def test_apply_journals_an_entry_whose_store_stays_locked(store: Store, tmp_path
     assert [e.run_id for e in journal.entries()] == [run_id]
     assert runs.replay_journal(journal)[runs.ENDED] == 1
     assert store.status(run_id) == "KILLED"
+
+
+def test_the_pooled_connection_keeps_the_wait_it_had(store: Store) -> None:
+    """``PRAGMA busy_timeout`` belongs to the connection, not the session: the pooled
+    connection goes back with the wait any MLflow session leaves on it (MLflow sets it at each
+    session's start), not lifeguard's 0.2 s (attack, session 20), for anything else on the same
+    engine."""
+    from sqlalchemy import text
+
+    engine = store.client._tracking_client.store.engine
+    run_id = new_run(store)
+    engine.dispose()  # one connection in the pool from here on: the one sql.end uses
+    store.client.get_run(run_id)  # an MLflow session, on that connection
+    with engine.connect() as conn:
+        as_mlflow_leaves_it = conn.execute(text("PRAGMA busy_timeout")).scalar()
+    assert sql.end(store.client, entry_for(store, run_id), seconds=0.2) is True
+    with engine.connect() as conn:
+        assert conn.execute(text("PRAGMA busy_timeout")).scalar() == as_mlflow_leaves_it
+
+
+# A user deletes the run in the UI while it trains.
+DELETED_PROGRAM = """
+import sys, mlflow
+if sys.argv[1] == "on":
+    import lifeguard
+    lifeguard.install()
+run = mlflow.start_run()
+mlflow.MlflowClient().delete_run(run.info.run_id)
+"""
+
+
+def test_a_run_deleted_while_running_changes_neither_stderr_nor_the_journal(
+    store: Store, tmp_path: Path
+) -> None:
+    """Without lifeguard MLflow's exit hook fails silently on a deleted run. With it, the
+    write raised, the entry was journaled for good (every later sweep exited 1 on it) and a
+    warning reached the program's stderr (attack, session 20). A deleted run is left alone."""
+    program = tmp_path / "deleted_program.py"
+    program.write_text(textwrap.dedent(DELETED_PROGRAM))
+    journal = tmp_path / "journal"
+    env = child_env(store, PYTHONPATH=str(REPO), LIFEGUARD_JOURNAL_DIR=str(journal))
+    done = without_and_with(program, env)
+    assert done["off"].returncode == done["on"].returncode == 0, done["on"].stderr
+    assert "lifeguard" not in done["on"].stderr, done["on"].stderr
+    assert not list(journal.glob("*.json"))

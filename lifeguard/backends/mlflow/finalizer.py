@@ -137,7 +137,6 @@ class Plan:
         """End the runs. Returns PENDING if any is only journaled."""
         from mlflow.tracking import MlflowClient
 
-        from lifeguard.backends.mlflow import held
         from lifeguard.backends.mlflow import runs as mlflow_runs
         from lifeguard.finalizers import PENDING, time_left
         from lifeguard.guardian.journal import Journal
@@ -156,14 +155,8 @@ class Plan:
             # thread cannot start a new run by logging in the moment before it dies.
             for stack, run in self.main_runs:
                 _forget(fluent, stack, run, run.info.run_id)  # type: ignore[attr-defined]
-            # An uncaught exception's traceback keeps every frame it passed through alive until
-            # the interpreter is torn down, with whatever they held: a SQLAlchemy connection in
-            # the middle of a transaction keeps sqlite's write lock, and the write below would
-            # wait on it. Nothing in those frames can end a run any more (see _forget).
-            held.release(
-                getattr(sys, "last_exc", None) or getattr(sys, "last_value", None),
-                self.outcome.exception,
-            )
+            if _exiting():
+                self._release_what_blocks_the_writes()
         _bounded_flush(fluent, _flush_budget(self.outcome))
         self._add_runs_started_since()
         if self.defer_to is not None:
@@ -203,6 +196,25 @@ class Plan:
                 )
                 confirmed &= result in (mlflow_runs.ENDED, mlflow_runs.ALREADY_ENDED)
         return None if confirmed else PENDING
+
+    def _release_what_blocks_the_writes(self) -> None:
+        """An uncaught exception's traceback keeps every frame it passed through alive until the
+        interpreter is torn down, with whatever they held: a query cut short keeps its cursor,
+        and sqlite's lock, and the writes below would wait on it. Those frames are released,
+        innermost first and only as far as needed, when a sqlite store of the runs is locked
+        (``held``): they are also the program's, for any exit hook of its own that runs later."""
+        from lifeguard.backends.mlflow import held, sql
+
+        sqlite = [uri for uri in self._by_store() if uri.startswith("sqlite:")]
+        if not sqlite:
+            return
+        still = held.release(
+            getattr(sys, "last_exc", None) or getattr(sys, "last_value", None),
+            self.outcome.exception,
+            blocked=lambda: any(sql.write_blocked(uri) for uri in sqlite),
+        )
+        if still:
+            logger().debug("lifeguard: a sqlite store is locked by someone else; waiting on it")
 
     def _add_runs_started_since(self) -> list[Entry]:
         """A signal can interrupt ``start_run`` itself: the main thread runs on to the end of
@@ -281,6 +293,15 @@ def _raised_in(*functions: str) -> bool:
             return True
         tb = tb.tb_next
     return False
+
+
+def _exiting() -> bool:
+    """Whether this finalization is the interpreter's exit through atexit (not ``finish()`` in
+    the middle of the program, whose frames are still its own to use)."""
+    from lifeguard.lifecycle import current
+
+    lifecycle = current()
+    return lifecycle is not None and lifecycle.exiting
 
 
 def _dying_of_signal() -> bool:

@@ -1,18 +1,24 @@
-"""Releasing what an uncaught exception's traceback still holds, before the final writes.
+"""Releasing what an uncaught exception's traceback still holds, when the final write needs it.
 
 CPython keeps the uncaught exception (``sys.last_value``, with its traceback) until the
 interpreter is torn down, after the exit hooks. Its traceback keeps every frame it passed
 through alive, and with them whatever they held: a Ctrl-C in the middle of a query leaves a
 SQLAlchemy connection checked out with a half-read cursor, and the cursor's statement keeps
-sqlite's shared lock. The MLflow finalizer's commit then waits on that lock for sqlite's whole
-busy timeout, longer than the deadline. MLflow's own exit hook, without lifeguard, waits the
-same way (20 s, then "database is locked").
+sqlite's shared lock. The MLflow finalizer's commit then waits on that lock until its time runs
+out. MLflow's own exit hook, without lifeguard, waits the same way (20 s, then "database is
+locked").
 
-Two things hold on: the frames' locals, and, from 3.11 on, each frame's function, whose closure
-cells keep the enclosing function's locals (a list comprehension over a query's rows closes
-over the cursor). ``frame.clear()`` drops the first and not the second. So the closures of
-functions that nothing but those finished frames can reach are emptied too: no code can call
-such a function again, and a cell another live function shares is left alone.
+Those frames are the program's too: an exit hook of its own may still format the traceback
+with its locals (a crash reporter), keep a ``locals()`` dict, or resume a generator suspended in
+it. So nothing is released unless the write is blocked, and then the least that unblocks it:
+frames one at a time, innermost first (the library's own frames, where a query was cut short,
+before the program's), asking after each whether the write is still blocked.
+
+Two things hold on in a finished frame: its locals, and, from 3.11 on, its function, whose
+closure cells keep the enclosing function's locals (a list comprehension over a query's rows
+closes over the cursor). ``frame.clear()`` drops the first and not the second, so the closure
+cells that only those finished frames' functions reach are emptied too: no code can call such a
+function again. A cell another live function shares is left alone.
 """
 
 from __future__ import annotations
@@ -20,34 +26,51 @@ from __future__ import annotations
 import gc
 import sys
 import types
+import weakref
 
 from lifeguard._log import logger
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
 __all__ = ["release"]
 
-CO_OPTIMIZED = 0x1  # inspect.CO_OPTIMIZED, without importing inspect on the exit path
+CO_OPTIMIZED = 0x1  # inspect's flags, without importing inspect on the exit path
+CO_GENERATOR_LIKE = 0x20 | 0x80 | 0x100 | 0x200  # generator, coroutine (both), async generator
 
 
-def release(*exceptions: BaseException | None) -> None:
-    """Clear the locals of the finished frames the exceptions' tracebacks (and their causes and
-    contexts) hold, and empty the closures only those frames reach.
+def release(*exceptions: BaseException | None, blocked: Callable[[], bool]) -> bool:
+    """While ``blocked()``, clear the finished frames of the exceptions' tracebacks (causes and
+    contexts too), innermost first, with the closures only they reach. Returns whether it is
+    still blocked after all of them (then something else holds the lock: another process).
 
     Objects freed here are freed earlier than they would have been (at interpreter teardown),
     in the middle of whatever the exception interrupted: SQLAlchemy's ORM states from a flush
     cut short fail an assertion in their weakref callbacks. Those complaints are about our early
     release, not the program, so they are logged at debug level instead of printed to the
     program's stderr."""
+    if not blocked():
+        return False
     previous_hook = sys.unraisablehook
     sys.unraisablehook = _note_unraisable
+    cleared: list[types.FrameType] = []
     try:
-        frames = _clear_frames(exceptions)
-        _empty_dead_closures(frames)
+        for frame in _frames_innermost_first(exceptions):
+            if not _clear(frame):
+                continue
+            cleared.append(frame)
+            emptied = _empty_dead_closures(cleared)
+            if not blocked():
+                logger().debug(
+                    "lifeguard: released %d frames and %d closure cells of the exception",
+                    len(cleared),
+                    emptied,
+                )
+                return False
     finally:
         sys.unraisablehook = previous_hook
+    return True
 
 
 def _note_unraisable(unraisable: sys.UnraisableHookArgs) -> None:
@@ -58,56 +81,76 @@ def _note_unraisable(unraisable: sys.UnraisableHookArgs) -> None:
     )
 
 
-def _clear_frames(exceptions: Iterable[BaseException | None]) -> list[types.FrameType]:
-    """Clear the locals of every finished frame in the exceptions' tracebacks, their causes'
-    and contexts'; return those frames. A frame still running (ours, or the main thread's module
-    frame when the exit hooks run in it) is left alone: ``clear()`` refuses it."""
+def _frames_innermost_first(
+    exceptions: Iterable[BaseException | None],
+) -> list[types.FrameType]:
+    """The frames of the exceptions' tracebacks, and of their causes' and contexts', each
+    traceback innermost first; each frame once."""
     seen: set[int] = set()
     frames: list[types.FrameType] = []
     pending = list(exceptions)
     while pending:
-        exc = pending.pop()
+        exc = pending.pop(0)
         if exc is None or id(exc) in seen:
             continue
         seen.add(id(exc))
+        chain: list[types.FrameType] = []
         tb = exc.__traceback__
         while tb is not None:
-            frame = tb.tb_frame
-            if id(frame) not in seen:
-                seen.add(id(frame))
-                try:
-                    frame.clear()
-                except RuntimeError:  # still running
-                    pass
-                else:
-                    _clear_locals_snapshot(frame)
-                    frames.append(frame)
+            if id(tb.tb_frame) not in seen:
+                seen.add(id(tb.tb_frame))
+                chain.append(tb.tb_frame)
             tb = tb.tb_next
+        frames += reversed(chain)
         pending += [exc.__cause__, exc.__context__]
     return frames
 
 
-def _clear_locals_snapshot(frame: types.FrameType) -> None:
+def _clear(frame: types.FrameType) -> bool:
+    """Clear a finished function frame's locals. Never a generator's or a coroutine's frame (a
+    suspended one would be closed, its ``finally`` run by us; a finished one holds nothing
+    already) and never a frame still running (``clear()`` refuses it)."""
+    if frame.f_code.co_flags & CO_GENERATOR_LIKE:
+        return False
+    try:
+        frame.clear()
+    except RuntimeError:  # still running
+        return False
+    _clear_locals_copy(frame)
+    return True
+
+
+def _clear_locals_copy(frame: types.FrameType) -> None:
     """Before 3.13 a function's frame keeps a dict copy of its locals once anything has asked
     for ``f_locals`` (a trace function, a debugger, a traceback formatter): ``clear()`` leaves
-    that copy, and what it holds, alive. Only a function's frame: a module's or a class body's
-    ``f_locals`` is the namespace itself, never ours to empty."""
-    if not frame.f_code.co_flags & CO_OPTIMIZED:
+    that copy, and what it holds, alive. It is emptied only if the frame alone holds it: the
+    same dict is what ``locals()`` returned, and the program may have kept that. Found among
+    the frame's referents, never through ``f_locals``, which would sync it (and so change a
+    dict the program kept). Only a function's frame: a module's or a class body's locals are
+    the namespace itself."""
+    if sys.version_info >= (3, 13) or not frame.f_code.co_flags & CO_OPTIMIZED:
         return
-    snapshot = frame.f_locals
-    if type(snapshot) is dict and snapshot is not frame.f_globals:
-        snapshot.clear()
+    namespaces = (frame.f_globals, frame.f_builtins)
+    holder: list[object] = []
+    for referent in gc.get_referents(frame):
+        if type(referent) is dict and all(referent is not n for n in namespaces):
+            holder.append(referent)
+    referent = namespaces = None  # type: ignore[assignment]
+    # The frame's reference, the list's, and the call's own: nothing of the program's.
+    if len(holder) == 1 and sys.getrefcount(holder[0]) == _baseline() + 1:
+        holder[0].clear()  # type: ignore[attr-defined]
 
 
-def _empty_dead_closures(frames: list[types.FrameType]) -> None:
-    """Empty the closure cells that only the frames' dead functions reach.
+def _empty_dead_closures(frames: list[types.FrameType]) -> int:
+    """Empty the closure cells that only the frames' dead functions reach; returns how many.
 
     The graph: the frames' functions (a comprehension's, or a nested function that raised:
     made afresh at each call), their closures' cells, and the functions in those cells. Each
     node's references from inside the graph are counted; one with more references than that
     (a reference count, not ``gc.get_referrers``: a running frame's locals, another thread's
-    or the main thread's, are invisible to the garbage collector, not to the count) is live,
-    and so is all it reaches. The cells left are emptied: nothing can call their functions."""
+    or the main thread's, are invisible to the garbage collector, not to the count), or a
+    function with a weak reference or a closure tuple shared with a copy of it, is live, and
+    so is all it reaches. The cells left are emptied: nothing can call their functions."""
     base = _baseline()
     nodes: dict[int, list[object]] = {}  # id -> [function or cell, references from the graph]
     for frame in frames:
@@ -122,7 +165,19 @@ def _empty_dead_closures(frames: list[types.FrameType]) -> None:
                 pending.append(id(child))
             _node(nodes, child)[1] += 1  # type: ignore[operator]
         child = None
-    live = [key for key, node in nodes.items() if sys.getrefcount(node[0]) != base + node[1]]  # type: ignore[operator]
+    closure_base = _closure_baseline()
+    live = [
+        key
+        for key, node in nodes.items()
+        if sys.getrefcount(node[0]) != base + node[1]  # type: ignore[operator]
+        or (
+            isinstance(node[0], types.FunctionType)
+            and (
+                weakref.getweakrefcount(node[0]) > 0
+                or sys.getrefcount(node[0].__closure__) != closure_base
+            )
+        )
+    ]
     reached = set(live)
     while live:
         for child in _children(nodes[live.pop()][0]):
@@ -139,7 +194,7 @@ def _empty_dead_closures(frames: list[types.FrameType]) -> None:
             emptied += 1
         except ValueError:  # already empty
             pass
-    logger().debug("lifeguard: emptied %d closure cells of the exception's frames", emptied)
+    return emptied
 
 
 def _node(nodes: dict[int, list[object]], obj: object) -> list[object]:
@@ -163,6 +218,17 @@ def _baseline() -> int:
     Python."""
     probe: list[object] = [types.SimpleNamespace(), 0]
     return sys.getrefcount(probe[0])
+
+
+def _closure_baseline() -> int:
+    """``sys.getrefcount`` of a closure tuple that only its function holds, read as above."""
+
+    def outer() -> Callable[[], object]:
+        cell = object()
+        return lambda: cell
+
+    probe: list[object] = [outer(), 0]
+    return sys.getrefcount(probe[0].__closure__)  # type: ignore[attr-defined]
 
 
 def _function_of(frame: types.FrameType) -> types.FunctionType | None:

@@ -21,6 +21,7 @@ from lifeguard._log import logger
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterator
+    from typing import Any
 
     from mlflow.tracking import MlflowClient
 
@@ -38,72 +39,130 @@ MIN_BUSY_MS = 100
 
 def end(client: MlflowClient, entry: Entry, *, seconds: float | None) -> bool | None:
     """End the run of ``entry`` if it is still RUNNING: True if this ended it, False if it was
-    no longer RUNNING (nothing written), None if the store is not one of MLflow's SQL stores
-    (nothing written; use the public calls). Store errors propagate, as MLflow's would.
-    ``seconds``: how long a sqlite store may wait on another writer's lock (None: MLflow's)."""
+    no longer RUNNING or was deleted (nothing written), None if the store is not one of MLflow's
+    SQL stores (nothing written; use the public calls). Store errors propagate, as MLflow's
+    would. ``seconds``: how long a sqlite store may wait on another writer's lock (None:
+    MLflow's own wait)."""
     store = getattr(getattr(client, "_tracking_client", None), "store", None)
     sessions = getattr(store, "ManagedSessionMaker", None)
     if sessions is None:
         return None
     try:
         from mlflow.store.tracking.dbmodels.models import SqlRun, SqlTag
-        from sqlalchemy import and_, insert, select, text, update
 
-        runs, tags = SqlRun.__table__, SqlTag.__table__
-        runs.c.run_uuid, runs.c.status, runs.c.end_time, runs.c.lifecycle_stage  # noqa: B018
-        tags.c.run_uuid, tags.c.key, tags.c.value  # noqa: B018
+        tables = _Tables(SqlRun.__table__, SqlTag.__table__)
     except (ImportError, AttributeError, KeyError) as exc:
         logger().debug("lifeguard: MLflow's SQL models moved (%s); using the client", exc)
         return None
-    values = _tag_values(entry.tags)
     try:
         writing = sessions(read_only=False)
     except TypeError:  # an MLflow before read replicas: every session may write
         writing = sessions()
     with _quiet_mlflow_session_errors(), writing as session:
-        if seconds is not None and getattr(store, "db_type", None) == "sqlite":
-            # For this session only: MLflow sets its own at the start of every session.
-            busy = max(MIN_BUSY_MS, int(seconds * 1000))
-            session.execute(text(f"PRAGMA busy_timeout = {busy};"))
-        ended = session.execute(
-            update(runs)
-            .where(
-                and_(
-                    runs.c.run_uuid == entry.run_id,
-                    runs.c.status == RUNNING,
-                    runs.c.lifecycle_stage == ACTIVE,
-                )
+        sqlite = _sqlite_connection(session) if getattr(store, "db_type", "") == "sqlite" else None
+        if sqlite is None or seconds is None:
+            return _end(session, store, tables, entry)
+        # For this session only: the connection goes back to the pool with the wait it had.
+        before = int(sqlite.execute("PRAGMA busy_timeout").fetchone()[0])
+        sqlite.execute(f"PRAGMA busy_timeout = {max(MIN_BUSY_MS, int(seconds * 1000))}")
+        try:
+            ended = _end(session, store, tables, entry)
+            session.commit()  # here, under the shorter wait: the commit is where one waits
+            return ended
+        finally:
+            sqlite.execute(f"PRAGMA busy_timeout = {before}")
+
+
+class _Tables:
+    """MLflow's ``runs`` and ``tags`` tables, with the columns this module writes checked."""
+
+    def __init__(self, runs: Any, tags: Any) -> None:
+        runs.c.run_uuid, runs.c.status, runs.c.end_time, runs.c.lifecycle_stage  # noqa: B018
+        tags.c.run_uuid, tags.c.key, tags.c.value  # noqa: B018
+        self.runs, self.tags = runs, tags
+
+
+def _end(session: Any, store: Any, tables: _Tables, entry: Entry) -> bool:
+    """The statements of ``end``, in the session (committed by the caller)."""
+    from sqlalchemy import and_, insert, select, update
+
+    runs, tags = tables.runs, tables.tags
+    ended = session.execute(
+        update(runs)
+        .where(
+            and_(
+                runs.c.run_uuid == entry.run_id,
+                runs.c.status == RUNNING,
+                runs.c.lifecycle_stage == ACTIVE,
             )
-            .values(status=entry.status, end_time=entry.end_time)
-        ).rowcount
-        if not ended:
-            # Not RUNNING any more, or not there, or deleted: MLflow's own read says which,
-            # and raises as its calls would for a missing or deleted run.
-            run = store._get_run(run_uuid=entry.run_id, session=session)  # type: ignore[union-attr]
-            if run.status == RUNNING:
-                store._check_run_is_active(run)  # type: ignore[union-attr]
-            return False
-        existing = set(
-            session.execute(
-                select(tags.c.key).where(
-                    and_(tags.c.run_uuid == entry.run_id, tags.c.key.in_(list(values)))
-                )
-            ).scalars()
         )
-        for key in existing:
-            session.execute(
-                update(tags)
-                .where(and_(tags.c.run_uuid == entry.run_id, tags.c.key == key))
-                .values(value=values[key])
+        .values(status=entry.status, end_time=entry.end_time)
+    ).rowcount
+    if not ended:
+        # Not RUNNING any more, or deleted (nothing to end: MLflow refuses any write to a
+        # deleted run, and a journal entry for it could never be written), or not there:
+        # MLflow's own read raises for that, as its calls would.
+        run = store._get_run(run_uuid=entry.run_id, session=session)
+        if run.status == RUNNING:
+            logger().debug("lifeguard: run %s was deleted; left as it is", entry.run_id)
+        return False
+    values = _tag_values(entry.tags)
+    existing = set(
+        session.execute(
+            select(tags.c.key).where(
+                and_(tags.c.run_uuid == entry.run_id, tags.c.key.in_(list(values)))
             )
-        new = [
-            {"run_uuid": entry.run_id, "key": key, "value": value}
-            for key, value in values.items()
-            if key not in existing
-        ]
-        if new:
-            session.execute(insert(tags), new)
+        ).scalars()
+    )
+    for key in existing:
+        session.execute(
+            update(tags)
+            .where(and_(tags.c.run_uuid == entry.run_id, tags.c.key == key))
+            .values(value=values[key])
+        )
+    new = [
+        {"run_uuid": entry.run_id, "key": key, "value": value}
+        for key, value in values.items()
+        if key not in existing
+    ]
+    if new:
+        session.execute(insert(tags), new)
     return True
+
+
+def _sqlite_connection(session: Any) -> Any:
+    """The session's own sqlite3 connection (SQLAlchemy 2's attribute names), or None."""
+    try:
+        return session.connection().connection.dbapi_connection
+    except AttributeError:
+        return None
+
+
+def write_blocked(uri: str) -> bool:
+    """Whether a write to the sqlite store at ``uri`` (absolute) would have to wait for a lock
+    someone holds now: a reader's (a cursor left half-read) or a writer's. Asked without
+    waiting, on a connection of its own that takes the lock and gives it back at once. False
+    for other stores, a file that is not there, or any other error (nothing to release)."""
+    import sqlite3
+    from urllib.parse import quote
+
+    if not uri.startswith("sqlite:////"):
+        return False
+    path = uri[len("sqlite:///") :].partition("?")[0]
+    try:
+        probe = sqlite3.connect(
+            f"file:{quote(path)}?mode=rw", uri=True, timeout=0, isolation_level=None
+        )
+    except sqlite3.Error:
+        return False
+    try:
+        probe.execute("BEGIN EXCLUSIVE")
+        probe.execute("ROLLBACK")
+        return False
+    except sqlite3.OperationalError as exc:
+        return "locked" in str(exc) or "busy" in str(exc)
+    finally:
+        probe.close()
 
 
 def _tag_values(tags: dict[str, str]) -> dict[str, str]:
