@@ -140,6 +140,10 @@ class Lifecycle:
                         self._skip()
                     else:
                         self.exiting = True
+                        # Before any finalizer thread imports what it needs.
+                        from lifeguard.importlocks import release_stranded
+
+                        release_stranded()
                         self.finalize(self.outcome or _unreported_outcome())
         finally:
             self.keep_alive = None  # the program's own __del__ cleanups may run now

@@ -217,6 +217,37 @@ def test_sigint_while_a_query_reads_its_rows_does_not_wait_on_the_cursors_lock(
     assert "lifeguard" not in result.stderr, result.stderr
 
 
+# The state a Ctrl-C leaves when it lands right after an import lock's acquire (stress trial:
+# inside importlib's _get_module_lock, under MLflow's `from pyspark.sql import SparkSession`,
+# which every MlflowClient() retries): the lock stays the main thread's.
+STRANDED_IMPORT_LOCKS = {
+    "global": "import _imp; _imp.acquire_lock()",
+    # Kept alive, as the interrupted import's frame in the traceback keeps it.
+    "module": "import importlib._bootstrap as b; kept = b._ModuleLockManager('pyspark'); "
+    "kept.__enter__()",
+}
+
+
+@pytest.mark.parametrize("lock", sorted(STRANDED_IMPORT_LOCKS))
+def test_an_import_lock_stranded_by_ctrl_c_does_not_hold_the_finalizer(
+    store: Store, lock: str
+) -> None:
+    """The finalizer runs in a thread of its own; its first import of a module not loaded yet
+    waited forever on the main thread's stranded lock, and it was abandoned at the deadline
+    with the status only journaled."""
+    body = f"""
+demo.announce(run_ids=[run.info.run_id])
+{STRANDED_IMPORT_LOCKS[lock]}
+raise KeyboardInterrupt
+"""
+    result = run(program(body), store, install={"deadline": 5.0})
+    assert result.returncode == -signal.SIGINT, result.stderr
+    [run_id] = result.ready["run_ids"]  # type: ignore[misc]
+    assert store.status(run_id) == "KILLED", result.stderr
+    assert journal_files(store) == [], result.stderr
+    assert "lifeguard" not in result.stderr, result.stderr
+
+
 def test_a_second_signal_exits_at_once_and_the_status_lands_later(store: Store) -> None:
     """A finalizer of the program's own blocks; the second SIGTERM, a second later, ends the
     process at once. The MLflow finalizer never got to run, but the run's status and the first

@@ -1,0 +1,71 @@
+"""Import locks a Ctrl-C stranded in the main thread, released at exit.
+
+CPython's import system takes a global lock and a lock per module in Python code
+(``importlib._bootstrap``). A KeyboardInterrupt raised at the instruction right after an acquire
+and before the ``try`` that would release it (seen in the stress harness: inside
+``_get_module_lock``, under MLflow's retried ``from pyspark.sql import SparkSession``) leaves
+the lock held by the main thread for good. The main thread's own later imports go through (the
+locks are re-entrant for their owner); every other thread's import of a module not loaded yet
+waits forever, and the finalizers run in threads of their own.
+
+At the interpreter's exit, in the main thread, no import of the main thread's is in progress:
+atexit runs after the program's code has ended. Any import lock the main thread still owns then
+is stranded, and releasing it changes nothing the program can still do.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+from lifeguard._log import logger
+
+__all__ = ["release_stranded"]
+
+MAX_DEPTH = 1000  # re-entrant holds released per lock, at most: a loop must end
+
+
+def release_stranded() -> int:
+    """In the main thread at exit: release the import locks it still holds. Returns how many
+    holds were released (0 in the normal case)."""
+    if threading.current_thread() is not threading.main_thread():
+        return 0
+    released = _release_global_lock() + _release_module_locks()
+    if released:
+        logger().debug(
+            "lifeguard: released %d import lock holds stranded by an interrupt", released
+        )
+    return released
+
+
+def _release_global_lock() -> int:
+    import _imp
+
+    released = 0
+    while released < MAX_DEPTH and _imp.lock_held():
+        try:
+            _imp.release_lock()
+        except RuntimeError:  # held by another thread, importing right now: theirs to release
+            break
+        released += 1
+    return released
+
+
+def _release_module_locks() -> int:
+    bootstrap = sys.modules.get("importlib._bootstrap") or sys.modules.get("_frozen_importlib")
+    locks = getattr(bootstrap, "_module_locks", None)
+    if not isinstance(locks, dict):
+        return 0
+    me = threading.get_ident()
+    released = 0
+    for ref in list(locks.values()):
+        lock = ref() if callable(ref) else None
+        if lock is None or getattr(lock, "owner", None) != me:
+            continue
+        for _ in range(MAX_DEPTH):
+            try:
+                lock.release()
+            except RuntimeError:  # no longer ours: fully released
+                break
+            released += 1
+    return released
