@@ -174,6 +174,9 @@ class SignalWatch:
         self.ending = False
         # Set while the main thread waits at its park (the ender need not wait for it).
         self.parked_now = False
+        # Never released: a parked thread waits on it for the death that follows finalizing.
+        self._death = _thread.allocate_lock()
+        self._death.acquire()
         # A copy of the main thread's contextvars, taken by its handler for the ender.
         self.main_context: object = None
         # When a signal came while finalizing an exit or a crash: the monotonic time by which
@@ -448,8 +451,7 @@ class SignalWatch:
                     # Interrupted outside every tracker, import and logging call: nothing the
                     # finalizers need is held here. Wait right here for the ender to end the
                     # process: the program does no more than it would have without lifeguard.
-                    self.parked_now = True
-                    lifecycle.wait_finalized(lifecycle.options.deadline + 5.0)
+                    self._park()
                 else:
                     self._park_at_next_tracker_call()
             return
@@ -506,8 +508,6 @@ class SignalWatch:
             return
         self._parked = True
         chained = sys.getprofile()
-        wait = self._lifecycle.wait_finalized
-        timeout = self._lifecycle.options.deadline + 5.0
 
         def profile(frame: FrameType, event: str, arg: object) -> object:
             if (
@@ -516,13 +516,27 @@ class SignalWatch:
                 and _entering_from_outside(frame)
             ):
                 sys.setprofile(chained)
-                self.parked_now = True
-                wait(timeout)
+                self._park()
             if chained is not None:
                 return chained(frame, event, arg)  # type: ignore[arg-type]
             return None
 
         sys.setprofile(profile)
+
+    def _park(self) -> None:
+        """Wait here until the ender has ended the process: the finalizers, then the death it
+        deals right after them. Let go in between, the program would run on for that moment,
+        and a run it starts then (stress trial: a nested start_run, created on the server just
+        before the death) is one nobody ends. Bounded, should the death not come."""
+        self.parked_now = True
+        lifecycle = self._lifecycle
+        lifecycle.wait_finalized(lifecycle.options.deadline + 5.0)
+        if self.ending:
+            self._death.acquire(timeout=DEATH_WAIT)
+
+
+# How long a parked thread waits, after the finalizers, for the death the ender deals next.
+DEATH_WAIT = 5.0
 
 
 def _for_a_signal(lifecycle: Lifecycle) -> bool:

@@ -248,6 +248,34 @@ raise KeyboardInterrupt
     assert "lifeguard" not in result.stderr, result.stderr
 
 
+def test_a_parked_main_thread_starts_no_run_between_the_finalizers_and_the_death(
+    store: Store,
+) -> None:
+    """The parked main thread was let go when the finalizers were done, a moment before the
+    ender's kill: the program ran on, and a nested run it started then (created on the server
+    just before the death, in a stress trial) was one nobody ended. The moment is widened here
+    to a second, as a loaded machine can stretch it."""
+    body = """
+import lifeguard.signals as watch
+dies = watch.die_from_any_thread
+def slowly(signum):
+    time.sleep(1.0)  # the moment between the finalizers and the death, widened
+    dies(signum)
+watch.die_from_any_thread = slowly
+demo.announce(run_ids=[run.info.run_id])
+while True:
+    time.sleep(0.001)  # outside every tracker: parked in the handler
+    with mlflow.start_run(nested=True):  # inside one: parked at the next call
+        mlflow.log_metric("loss", 0.5)
+"""
+    result = run(program(body), store, send=(signal.SIGTERM,))
+    assert result.returncode == -signal.SIGTERM, result.stderr
+    [run_id] = result.ready["run_ids"]  # type: ignore[misc]
+    experiment = store.run(run_id).info.experiment_id
+    statuses = [r.info.status for r in store.client.search_runs([experiment])]
+    assert "RUNNING" not in statuses, (statuses, result.stderr[-3000:])
+
+
 def test_a_second_signal_exits_at_once_and_the_status_lands_later(store: Store) -> None:
     """A finalizer of the program's own blocks; the second SIGTERM, a second later, ends the
     process at once. The MLflow finalizer never got to run, but the run's status and the first
