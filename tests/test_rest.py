@@ -145,6 +145,35 @@ def test_a_run_the_user_ended_is_never_overwritten(
     assert not list(journal.entries())
 
 
+def test_a_run_the_user_deleted_is_left_alone_by_both_paths(
+    server: MlflowServer, tmp_path: Path
+) -> None:
+    """MLflow refuses any write to a deleted run: a journaled ending for one could never be
+    written, and every later sweep failed on it (attack, session 20). Over REST and through
+    the mlflow client alike, a deleted run is nothing to end, and its entry goes."""
+    from lifeguard.backends.mlflow import runs
+    from lifeguard.guardian import rest
+    from lifeguard.guardian.journal import Entry, Journal
+
+    client = MlflowClient(server.uri)
+    experiment = client.create_experiment(f"deleted-{tmp_path.name}")
+    journal = Journal(str(tmp_path / "journal"))
+    for path in ("rest", "mlflow"):
+        run_id = client.create_run(experiment).info.run_id
+        client.delete_run(run_id)
+        entry = Entry(run_id, server.uri, "KILLED", 1, {"lifeguard.ended_by": "watchdog"})
+        journal.write(entry)
+        if path == "rest":
+            got = rest.RestStore(server.uri, rest.Budget(30)).apply(
+                entry, journal=journal, write_ahead=False
+            )
+        else:
+            got = runs.apply(client, entry, journal=journal, write_ahead=False)
+        assert got == runs.ALREADY_ENDED, path
+        assert client.get_run(run_id).info.status == "RUNNING"
+        assert not list(journal.entries()), path
+
+
 def test_basic_auth(
     store: Store,
     auth_server: BasicAuthServer,

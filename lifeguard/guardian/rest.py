@@ -444,12 +444,21 @@ class RestStore:
                 sock.close()
 
     def status(self, run_id: str) -> str:
+        return str(self._info(run_id)["status"])
+
+    def endable(self, run_id: str) -> bool:
+        """Whether the run is still RUNNING and not deleted: MLflow refuses any write to a
+        deleted run, and an entry for one could never be written (nothing to end there)."""
+        info = self._info(run_id)
+        return info["status"] == RUNNING and info.get("lifecycle_stage", "active") != "deleted"
+
+    def _info(self, run_id: str) -> dict[str, object]:
         answer = self.call("GET", "runs/get", {"run_id": run_id, "run_uuid": run_id})
         run = answer.get("run")
         info = run.get("info") if isinstance(run, dict) else None
         if not isinstance(info, dict) or not isinstance(info.get("status"), str):
             raise RestError("runs/get: no status in the answer")
-        return str(info["status"])
+        return info
 
     def adopted_since(self, entry: Entry) -> bool:
         """``owner.adopted_since`` for the run ``entry`` is about; a failed read says no (the
@@ -576,7 +585,7 @@ class RestStore:
         if journal is not None and write_ahead:
             journal.keep(entry)
         try:
-            if not seen_running and self.status(entry.run_id) != RUNNING:
+            if not seen_running and not self.endable(entry.run_id):
                 result = ALREADY_ENDED
             else:
                 tags = [{"key": k, "value": v} for k, v in entry.tags.items()]

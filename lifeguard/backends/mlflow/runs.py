@@ -147,8 +147,10 @@ def _lock_wait(left: float | None) -> float | None:
 
 
 def _still_running(client: MlflowClient, run_id: str) -> bool:
-    """Whether the run's status is still RUNNING (stores other than MLflow's SQL ones)."""
-    return bool(client.get_run(run_id).info.status == RUNNING)
+    """Whether the run is still RUNNING and not deleted (stores other than MLflow's SQL ones):
+    MLflow refuses any write to a deleted run, and an entry for one could never be written."""
+    info = client.get_run(run_id).info
+    return bool(info.status == RUNNING and info.lifecycle_stage != "deleted")
 
 
 def _set_terminated(client: MlflowClient, entry: Entry) -> None:
