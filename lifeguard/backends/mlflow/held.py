@@ -54,17 +54,24 @@ def release(*exceptions: BaseException | None, blocked: Callable[[], bool]) -> b
         return False
     previous_hook = sys.unraisablehook
     sys.unraisablehook = _note_unraisable
-    cleared: list[types.FrameType] = []
+    cleared = 0
+    # The cleared frames' functions that have closures (one per frame running it): only these
+    # can keep anything alive once their frames are cleared. Looked up once per frame.
+    closures: list[types.FunctionType] = []
     try:
         for frame in _frames_innermost_first(exceptions):
             if not _clear(frame):
                 continue
-            cleared.append(frame)
-            emptied = _empty_dead_closures(cleared)
+            cleared += 1
+            function = _function_of(frame)
+            if function is not None and function.__closure__:
+                closures.append(function)
+            function = None
+            emptied = _empty_dead_closures(closures) if closures else 0
             if not blocked():
                 logger().debug(
                     "lifeguard: released %d frames and %d closure cells of the exception",
-                    len(cleared),
+                    cleared,
                     emptied,
                 )
                 return False
@@ -141,10 +148,10 @@ def _clear_locals_copy(frame: types.FrameType) -> None:
         holder[0].clear()  # type: ignore[attr-defined]
 
 
-def _empty_dead_closures(frames: list[types.FrameType]) -> int:
+def _empty_dead_closures(functions: list[types.FunctionType]) -> int:
     """Empty the closure cells that only the frames' dead functions reach; returns how many.
 
-    The graph: the frames' functions (a comprehension's, or a nested function that raised:
+    The graph: the cleared frames' functions (a comprehension's, or a nested function that raised:
     made afresh at each call), their closures' cells, and the functions in those cells. Each
     node's references from inside the graph are counted; one with more references than that
     (a reference count, not ``gc.get_referrers``: a running frame's locals, another thread's
@@ -153,11 +160,10 @@ def _empty_dead_closures(frames: list[types.FrameType]) -> int:
     so is all it reaches. The cells left are emptied: nothing can call their functions."""
     base = _baseline()
     nodes: dict[int, list[object]] = {}  # id -> [function or cell, references from the graph]
-    for frame in frames:
-        function = _function_of(frame)
-        if function is not None and function.__closure__:
-            _node(nodes, function)[1] += 1  # type: ignore[operator]
-        function = None
+    for index in range(len(functions)):
+        # Two references per cleared frame running it: the frame's own, and our list's entry
+        # for that frame (``functions`` has one per frame).
+        _node(nodes, functions[index])[1] += 2  # type: ignore[operator]
     pending = list(nodes)
     while pending:
         for child in _children(nodes[pending.pop()][0]):
