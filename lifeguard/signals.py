@@ -152,6 +152,10 @@ def _is_tracker(module: object) -> bool:
     return any(module == name or module.startswith(name + ".") for name in PACKAGES)
 
 
+# How long a parked thread waits, after the finalizers, for the death the ender deals next.
+DEATH_WAIT = 5.0
+
+
 class SignalWatch:
     """The signal side of one lifecycle: handlers, the listener thread and the ender."""
 
@@ -533,10 +537,6 @@ class SignalWatch:
         lifecycle.wait_finalized(lifecycle.options.deadline + 5.0)
         if self.ending:
             self._death.acquire(timeout=DEATH_WAIT)
-
-
-# How long a parked thread waits, after the finalizers, for the death the ender deals next.
-DEATH_WAIT = 5.0
 
 
 def _for_a_signal(lifecycle: Lifecycle) -> bool:

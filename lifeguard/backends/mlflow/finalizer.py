@@ -209,7 +209,7 @@ class Plan:
         if not sqlite:
             return
         still = held.release(
-            getattr(sys, "last_exc", None) or getattr(sys, "last_value", None),
+            _uncaught(),
             self.outcome.exception,
             blocked=lambda: any(sql.write_blocked(uri) for uri in sqlite),
         )
@@ -268,7 +268,7 @@ def _run_end_run_was_ending() -> str | None:
     very frame: the thread's "last active run" would still name the run before it if the
     exception came before the pop, a run this process may have ended long ago and another
     one resumed since."""
-    exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    exc = _uncaught()
     tb = getattr(exc, "__traceback__", None)
     while tb is not None:
         code = tb.tb_frame.f_code
@@ -279,13 +279,20 @@ def _run_end_run_was_ending() -> str | None:
     return None
 
 
+def _uncaught() -> BaseException | None:
+    """The uncaught exception the interpreter is exiting with (3.12's ``sys.last_exc``, or
+    ``sys.last_value`` before), if any."""
+    exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    return exc if isinstance(exc, BaseException) else None
+
+
 def _raised_in_run_change() -> bool:
     return _raised_in("start_run", "end_run")
 
 
 def _raised_in(*functions: str) -> bool:
     """Whether the uncaught exception passed through one of MLflow's fluent ``functions``."""
-    exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    exc = _uncaught()
     tb = getattr(exc, "__traceback__", None)
     while tb is not None:
         code = tb.tb_frame.f_code
