@@ -8,27 +8,41 @@ the lock held by the main thread for good. The main thread's own later imports g
 locks are re-entrant for their owner); every other thread's import of a module not loaded yet
 waits forever, and the finalizers run in threads of their own.
 
-At the interpreter's exit, in the main thread, no import of the main thread's is in progress:
-atexit runs after the program's code has ended. Any import lock the main thread still owns then
-is stranded, and releasing it changes nothing the program can still do.
+Once the exception the interpreter exits with has reached the top level (the excepthook), and at
+the interpreter's exit (atexit), no import of the main thread's is in progress: the program's code
+has ended. Any import lock the main thread still owns then is stranded, and releasing it changes
+nothing the program can still do. The excepthook is the one that matters for threads: threading's
+shutdown joins the non-daemon ones (a ThreadPoolExecutor's) before any atexit hook runs, and one
+waiting on a stranded lock would hold the exit forever. As a last guard, nothing is released
+while an import frame is on the main thread's stack (an excepthook called by hand mid-import).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 
 from lifeguard._log import logger
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import FrameType
+
 __all__ = ["release_stranded"]
 
+# importlib's bootstrap when the interpreter runs it from source rather than frozen.
+BOOTSTRAP_SOURCES = (
+    os.path.join("importlib", "_bootstrap.py"),
+    os.path.join("importlib", "_bootstrap_external.py"),
+)
 MAX_DEPTH = 1000  # re-entrant holds released per lock, at most: a loop must end
 
 
 def release_stranded() -> int:
     """In the main thread at exit: release the import locks it still holds. Returns how many
     holds were released (0 in the normal case)."""
-    if threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread() or _importing():
         return 0
     released = _release_global_lock() + _release_module_locks()
     if released:
@@ -36,6 +50,17 @@ def release_stranded() -> int:
             "lifeguard: released %d import lock holds stranded by an interrupt", released
         )
     return released
+
+
+def _importing() -> bool:
+    """An import is running in this thread: a frame of importlib's bootstrap is on its stack."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name.startswith("<frozen importlib._bootstrap") or name.endswith(BOOTSTRAP_SOURCES):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _release_global_lock() -> int:

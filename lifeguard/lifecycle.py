@@ -117,6 +117,11 @@ class Lifecycle:
         from lifeguard.outcome import Outcome
 
         self.outcome = Outcome.raised(exc)
+        if _exits_with(exc) and self.registry.has_work():
+            # The interpreter exits with it next, and threading's shutdown joins the program's
+            # non-daemon threads (a ThreadPoolExecutor's: MLflow's async logging) before any
+            # atexit hook: one waiting on an import lock a Ctrl-C stranded would wait forever.
+            self._release_stranded_imports()
 
     def note_signal(self, signum: int) -> None:
         from lifeguard.outcome import Outcome
@@ -140,13 +145,17 @@ class Lifecycle:
                         self._skip()
                     else:
                         self.exiting = True
-                        # Before any finalizer thread imports what it needs.
-                        from lifeguard.importlocks import release_stranded
-
-                        release_stranded()
+                        # Before any finalizer thread imports what it needs (a sys.exit after
+                        # a Ctrl-C the program caught never went through the excepthook).
+                        self._release_stranded_imports()
                         self.finalize(self.outcome or _unreported_outcome())
         finally:
             self.keep_alive = None  # the program's own __del__ cleanups may run now
+
+    def _release_stranded_imports(self) -> None:
+        from lifeguard.importlocks import release_stranded
+
+        release_stranded()
 
     # -- finalization --------------------------------------------------------------------------
 
@@ -212,6 +221,16 @@ def _die(signum: int) -> None:
     from lifeguard.signals import _die as die
 
     die(signum)
+
+
+def _exits_with(exc: BaseException) -> bool:
+    """True when the excepthook reports the exception the interpreter exits with: CPython sets
+    ``sys.last_value`` (3.12: also ``last_exc``) just before it calls the hook for an exception
+    that reached the top level. An interactive prompt does the same after every failed
+    statement and goes on (``code.interact`` sets ``sys.ps1``): not an exit."""
+    if sys.flags.interactive or hasattr(sys, "ps1"):
+        return False
+    return exc is (getattr(sys, "last_exc", None) or getattr(sys, "last_value", None))
 
 
 def _unreported_outcome() -> Outcome:

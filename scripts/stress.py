@@ -88,6 +88,8 @@ SLOW = 5.0
 # on a loaded 2-core machine (tests/children/stress_program.py --bare, log_metric and async). A
 # finalizer that runs into lifeguard's 10 s deadline still shows: its exit is past 10 s.
 SLOW_SIGINT = 10.0
+# The report lists this many of the slowest exits.
+SHOW_SLOWEST = 10
 
 # Two ways a Ctrl-C ends differently with or without lifeguard, seen in 1000-trial runs, both
 # decided by CPython and the program's own code at the instant the KeyboardInterrupt lands:
@@ -143,11 +145,17 @@ class Trial:
         return rng.uniform(*DELAY), rng.uniform(*SECOND_DELAY), rng.random() < 0.5
 
 
-def plan(trials: int, seed: int, stores: Sequence[str], watchdogs: Sequence[bool]) -> list[Trial]:
+def plan(
+    trials: int,
+    seed: int,
+    stores: Sequence[str],
+    watchdogs: Sequence[bool],
+    signals: Sequence[str] = SIGNALS,
+) -> list[Trial]:
     """``trials`` trials spread evenly over the cells (in a shuffled order, so that a short run
     still covers many), each with its own seed drawn from ``seed``."""
     rng = random.Random(seed)
-    cells = list(itertools.product(stores, watchdogs, SIGNALS, WORKLOADS))
+    cells = list(itertools.product(stores, watchdogs, signals, WORKLOADS))
     rng.shuffle(cells)
     out = []
     for i in range(trials):
@@ -866,6 +874,15 @@ def report(results: Sequence[Result], out: Any = sys.stdout) -> int:
             ts = by_signal[where]
             w(f"  {where:30} median {statistics.median(ts):.3f}  p90 {percentile(ts, 0.9):.3f}  "
               f"max {max(ts):.3f}\n")  # fmt: skip
+        # Where the tail is: the slowest exits, each with the spec that reruns it.
+        slowest = sorted(
+            (r for r in results if r.exit_seconds is not None),
+            key=lambda r: r.exit_seconds or 0.0,
+            reverse=True,
+        )[:SHOW_SLOWEST]
+        w(f"  slowest {len(slowest)} (--replay SPEC reruns one):\n")
+        for r in slowest:
+            w(f"    {r.exit_seconds:6.3f}  {r.trial.spec}\n")
     if wrong:
         w("\nfailures (rerun one with: python scripts/stress.py --replay SPEC):\n")
         for r in wrong:
@@ -884,6 +901,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="trials at once (default 2)")
     parser.add_argument("--store", choices=["sqlite", "server", "both"], default="both")
     parser.add_argument("--watchdog", choices=["on", "off", "both"], default="both")
+    parser.add_argument(
+        "--signal", choices=[*SIGNALS, "all"], default="all", help="only this signal's trials"
+    )
     parser.add_argument("--quick", action="store_true", help="40 trials: a smoke run")
     parser.add_argument(
         "--slow",
@@ -909,7 +929,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         n = args.trials if args.trials is not None else (40 if args.quick else 1000)
         stores = STORES if args.store == "both" else (args.store,)
         watchdogs = {"on": (True,), "off": (False,), "both": (False, True)}[args.watchdog]
-        trials = plan(n, args.seed, stores, watchdogs)
+        signals = SIGNALS if args.signal == "all" else (args.signal,)
+        trials = plan(n, args.seed, stores, watchdogs, signals)
 
     # A SIGTERM or SIGHUP to the harness unwinds it like Ctrl-C: every child and server dies.
     def stop(signum: int, frame: object) -> None:

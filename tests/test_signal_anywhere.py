@@ -21,7 +21,7 @@ import pytest
 
 from lifeguard.demo import ChildResult, run_child
 from lifeguard.guardian.journal import REPLAY_STAMP
-from tests.conftest import CHILD_TIMEOUT, Store, child_env
+from tests.conftest import CHILD_TIMEOUT, REPO, Store, child_env, without_and_with
 
 pytestmark = pytest.mark.slow
 
@@ -248,6 +248,38 @@ raise KeyboardInterrupt
     assert "lifeguard" not in result.stderr, result.stderr
 
 
+def test_a_worker_thread_waiting_on_a_stranded_import_lock_does_not_hang_the_exit(
+    store: Store,
+) -> None:
+    """Stress trial (server, async, Ctrl-C): MLflow's batch-logging workers, a
+    ThreadPoolExecutor's, were importing (a request header provider's lazy import) when Ctrl-C
+    stranded the global import lock in the main thread. Threading's shutdown joins such workers
+    *before* any atexit hook, so releasing the lock at atexit came too late: the process hung
+    until the launcher's SIGTERM, and its finalizer, needing an import too, was abandoned."""
+    body = """
+import _imp, concurrent.futures
+pool = concurrent.futures.ThreadPoolExecutor(1)
+importing = threading.Event()
+def work():
+    importing.set()
+    try:
+        import lifeguard_test_no_such_module  # waits for the global import lock
+    except ImportError:
+        pass
+demo.announce(run_ids=[run.info.run_id])
+_imp.acquire_lock()  # what Ctrl-C right after _get_module_lock's acquire leaves
+pool.submit(work)
+importing.wait()
+raise KeyboardInterrupt
+"""
+    result = run(program(body), store, install={"deadline": 5.0})
+    assert result.returncode == -signal.SIGINT, result.stderr
+    [run_id] = result.ready["run_ids"]  # type: ignore[misc]
+    assert store.status(run_id) == "KILLED", result.stderr
+    assert journal_files(store) == [], result.stderr
+    assert "lifeguard" not in result.stderr, result.stderr
+
+
 def test_a_parked_main_thread_starts_no_run_between_the_finalizers_and_the_death(
     store: Store,
 ) -> None:
@@ -417,6 +449,49 @@ threading.Event().wait()
     [run_id] = result.ready["run_ids"]  # type: ignore[misc]
     assert store.status(run_id) == "KILLED", result.stderr
     assert "did not flush in time; 1000 queued metric" in result.stderr, result.stderr
+
+
+# Async metrics behind a slow store, then Ctrl-C: the queue still holds batches at the exit.
+ASYNC_AT_EXIT = """
+import sys, time
+if sys.argv[1] == "on":
+    import lifeguard
+    lifeguard.install(deadline=2.0)
+import mlflow
+import mlflow.utils.async_logging.async_logging_queue as q
+run = mlflow.start_run()
+original = q.AsyncLoggingQueue._log_run_data
+def slow_store(self):
+    time.sleep(0.5)  # part of the program under test: a store that takes its time
+    return original(self)
+q.AsyncLoggingQueue._log_run_data = slow_store
+for step in range(8):  # one batch each: 4 s to flush, twice the deadline
+    mlflow.log_metric("async_loss", 1.0 / (step + 1), step=step, synchronous=False)
+print("run", run.info.run_id, flush=True)
+raise KeyboardInterrupt
+"""
+
+
+def test_an_exit_leaves_the_async_flush_to_mlflows_own_exit_hook(
+    store: Store, tmp_path: Path
+) -> None:
+    """Exiting through atexit (here Ctrl-C's KeyboardInterrupt), MLflow's own exit hook flushes
+    its async queue after ours, as it does without lifeguard. Before, the finalizer flushed
+    first, with a share of the deadline: behind a slow store the share ran out and stderr got a
+    line of lifeguard's; behind a fast one, every exit waited a second of MLflow's idle poll.
+    Now the status is written first, and the metrics that land are the ones that land without
+    lifeguard (MLflow 3.17 lands none: threading's shutdown has closed its worker pool)."""
+    program = tmp_path / "async_at_exit.py"
+    program.write_text(ASYNC_AT_EXIT)
+    runs = without_and_with(program, child_env(store, PYTHONPATH=str(REPO)))
+    landed = {}
+    for mode, done in runs.items():
+        assert done.returncode == -signal.SIGINT, done.stderr
+        run_id = done.stdout.split()[1]
+        landed[mode] = sorted(m.step for m in store.client.get_metric_history(run_id, "async_loss"))
+    assert store.status(runs["on"].stdout.split()[1]) == "KILLED", runs["on"].stderr
+    assert "lifeguard" not in runs["on"].stderr, runs["on"].stderr
+    assert landed["on"] == landed["off"]
 
 
 def test_a_handler_installed_after_install_stands(store: Store) -> None:

@@ -774,3 +774,49 @@ def test_turns_live_on_this_host_in_a_private_directory(
     assert default_dir() == fallback
     monkeypatch.delenv("XDG_RUNTIME_DIR")
     assert default_dir() == fallback
+
+
+def test_an_async_queue_with_nothing_pending_is_not_flushed() -> None:
+    """A flush with nothing to send still waits up to a second for MLflow's loop thread to wake
+    from its idle poll; the finalizer skips it then. Pending means queued, or being written,
+    or written but not yet reported complete. MLflow's real queue, with a writer of the test's."""
+    pytest.importorskip("mlflow")
+    from mlflow.utils.async_logging.async_logging_queue import AsyncLoggingQueue
+
+    from lifeguard.backends.mlflow.finalizer import _nothing_pending
+
+    writing = threading.Event()
+    release = threading.Event()
+    written: list[str] = []
+
+    def write(run_id: str, metrics: list[object], params: list[object], tags: list[object]) -> None:
+        writing.set()
+        assert release.wait(30)
+        written.append(run_id)
+
+    queue = AsyncLoggingQueue(write)
+    queue.activate()
+    try:
+        assert _nothing_pending(queue)
+        operation = queue.log_batch_async("r1", params=[], tags=[], metrics=[])
+        assert not _nothing_pending(queue)  # queued, or already taken to be written
+        assert writing.wait(30)
+        assert not _nothing_pending(queue)  # being written
+        release.set()
+        operation.wait()
+        deadline = threading.Event()
+        for _ in range(300):  # the pools' threads go back to waiting a moment after the batch
+            if _nothing_pending(queue):
+                break
+            deadline.wait(0.01)
+        assert _nothing_pending(queue)
+        assert written == ["r1"]
+    finally:
+        release.set()
+        queue.shut_down_async_logging()
+
+
+def test_an_async_queue_of_unknown_shape_counts_as_pending() -> None:
+    from lifeguard.backends.mlflow.finalizer import _nothing_pending
+
+    assert not _nothing_pending(object())

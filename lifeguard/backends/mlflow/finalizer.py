@@ -157,7 +157,8 @@ class Plan:
                 _forget(fluent, stack, run, run.info.run_id)  # type: ignore[attr-defined]
             if _exiting():
                 self._release_what_blocks_the_writes()
-        _bounded_flush(fluent, _flush_budget(self.outcome))
+        if not (_exiting() and _flushed_at_exit_by_mlflow(fluent)):
+            _bounded_flush(fluent, _flush_budget(self.outcome))
         self._add_runs_started_since()
         if self.defer_to is not None:
             # The supervisor knows the real exit status (a bare `raise SystemExit(n)` looks like
@@ -351,6 +352,16 @@ def _flush_budget(outcome: Outcome) -> float | None:
     return min(left - keep_for_the_writes, deadline * SIGNAL_FLUSH_SHARE)
 
 
+def _flushed_at_exit_by_mlflow(fluent: object) -> bool:
+    """MLflow's async logging queue flushes itself from an atexit hook of its own, unbounded,
+    which runs after ours on the way out. Exiting through atexit, we leave the flush to it, as
+    it would happen without lifeguard: the status is written first. Flushing here as well cost
+    every exit a second of MLflow's idle poll (its loop thread notices a flush only when its
+    ``Queue.get(timeout=1)`` returns) and made the status wait on the program's metrics."""
+    queue = getattr(_store(fluent), "_async_logging_queue", None)
+    return queue is None or callable(getattr(queue, "_at_exit_callback", None))
+
+
 def _bounded_flush(fluent: object, budget: float | None) -> None:
     """Metrics queued by ``log_metric(..., synchronous=False)`` must land before the run ends,
     but not at the price of the status: the flush gets a bounded share of the time (see
@@ -359,7 +370,7 @@ def _bounded_flush(fluent: object, budget: float | None) -> None:
 
     store = _store(fluent)
     queue = getattr(store, "_async_logging_queue", None)
-    if queue is None or getattr(queue, "is_idle", lambda: True)():
+    if queue is None or getattr(queue, "is_idle", lambda: True)() or _nothing_pending(queue):
         return
     done = threading.Event()
 
@@ -386,6 +397,33 @@ def _bounded_flush(fluent: object, budget: float | None) -> None:
         "runs without them",
         what,
     )
+
+
+def _nothing_pending(queue: object) -> bool:
+    """No batch waits in MLflow's async logging queue and none is being written. Then a flush
+    has nothing to send, yet it would wait up to a second for MLflow's loop thread to wake from
+    its idle poll. Each batch queued has a status-check task in one pool until it completes, and
+    a write task in another while it is written: both pools idle, nothing is pending. Read from
+    MLflow's and ThreadPoolExecutor's private state; anything unexpected says "pending"."""
+    try:
+        if not queue._queue.empty():  # type: ignore[attr-defined]
+            return False
+        pools = (
+            queue._batch_status_check_threadpool,  # type: ignore[attr-defined]
+            queue._batch_logging_worker_threadpool,  # type: ignore[attr-defined]
+        )
+        return all(_pool_idle(pool) for pool in pools)
+    except Exception:  # noqa: BLE001 - MLflow's internals moved: flush as before
+        return False
+
+
+def _pool_idle(pool: object) -> bool:
+    """Every thread of a ThreadPoolExecutor waits for work and none is queued: a worker releases
+    the idle semaphore once per task it finished, and a submit takes one back."""
+    if not pool._work_queue.empty():  # type: ignore[attr-defined]
+        return False
+    idle = pool._idle_semaphore._value  # type: ignore[attr-defined]
+    return isinstance(idle, int) and idle >= len(pool._threads)  # type: ignore[attr-defined]
 
 
 def _store(fluent: object) -> object:
