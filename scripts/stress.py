@@ -104,7 +104,7 @@ RAISED_IN_CLEANUP = "the program's cleanup raised while handling the KeyboardInt
 PROGRAMS_OWN = (DROPPED, RAISED_IN_CLEANUP)
 
 READY = "STRESS-READY"
-MARKER = re.compile(r"STRESS-(READY|START|ENDING|ENDED) (\{.*\})")
+MARKER = re.compile(r"STRESS-(READY|START|ENDING|ENDED|FINALIZED) (\{.*\})")
 
 
 # -- the plan --------------------------------------------------------------------------------
@@ -247,6 +247,9 @@ class Result:
     trial: Trial
     wrong: list[str] = field(default_factory=list)
     exit_seconds: float | None = None  # first signal to exit
+    # First signal to the end of lifeguard's finalizers (the child's STRESS-FINALIZED): the
+    # statuses are written or journaled. After it, the exit is the program's own work.
+    finalized_seconds: float | None = None
     returncode: int | None = None
     needed_replay: bool = False
     # Lines lifeguard itself wrote to stderr (its logger's last-resort output): counted and
@@ -415,6 +418,9 @@ def run_trial(ctx: Context, trial: Trial) -> Result:
                 )
         for reader in readers:
             reader.join(10)
+        finalized = [e["t"] for kind, e in events if kind == "FINALIZED"]
+        if result.exit_seconds is not None and finalized:
+            result.finalized_seconds = max(0.0, finalized[0] - sent)
         stderr = b"".join(stderr_chunks).decode(errors="replace")
         if trial.signal == "SIGINT" and returncode == 1 and raised_in_cleanup(stderr):
             result.programs_own = RAISED_IN_CLEANUP
@@ -864,16 +870,23 @@ def report(results: Sequence[Result], out: Any = sys.stdout) -> int:
                 f"{statistics.median(ended):.3f}  p99 {percentile(ended, 0.99):.3f}  "
                 f"max {max(ended):.3f}\n"
             )
-        by_signal: dict[str, list[float]] = defaultdict(list)
+        by_signal: dict[str, list[Result]] = defaultdict(list)
         for r in results:
             if r.exit_seconds is not None:
-                by_signal[f"{r.trial.cell[0]}/{r.trial.cell[1]}/{r.trial.signal}"].append(
-                    r.exit_seconds
-                )
+                by_signal[f"{r.trial.cell[0]}/{r.trial.cell[1]}/{r.trial.signal}"].append(r)
         for where in sorted(by_signal):
-            ts = by_signal[where]
+            ts = [r.exit_seconds or 0.0 for r in by_signal[where]]
+            ws = [r.finalized_seconds for r in by_signal[where] if r.finalized_seconds is not None]
+            written = f"  written: p90 {percentile(ws, 0.9):.3f}  max {max(ws):.3f}" if ws else ""
             w(f"  {where:30} median {statistics.median(ts):.3f}  p90 {percentile(ts, 0.9):.3f}  "
-              f"max {max(ts):.3f}\n")  # fmt: skip
+              f"max {max(ts):.3f}{written}\n")  # fmt: skip
+        done = [r.finalized_seconds for r in results if r.finalized_seconds is not None]
+        if done:
+            w(
+                f"signal to statuses written (lifeguard's finalizers done), {len(done)} exits: "
+                f"median {statistics.median(done):.3f}  p90 {percentile(done, 0.9):.3f}  "
+                f"p99 {percentile(done, 0.99):.3f}  max {max(done):.3f}\n"
+            )
         # Where the tail is: the slowest exits, each with the spec that reruns it.
         slowest = sorted(
             (r for r in results if r.exit_seconds is not None),
@@ -882,7 +895,8 @@ def report(results: Sequence[Result], out: Any = sys.stdout) -> int:
         )[:SHOW_SLOWEST]
         w(f"  slowest {len(slowest)} (--replay SPEC reruns one):\n")
         for r in slowest:
-            w(f"    {r.exit_seconds:6.3f}  {r.trial.spec}\n")
+            written = "" if r.finalized_seconds is None else f"{r.finalized_seconds:6.3f}"
+            w(f"    {r.exit_seconds:6.3f}  {r.trial.spec:42} statuses written at {written}\n")
     if wrong:
         w("\nfailures (rerun one with: python scripts/stress.py --replay SPEC):\n")
         for r in wrong:

@@ -58,6 +58,15 @@ def test_a_signal_at_any_instant(tmp_path: Path, server: MlflowServer) -> None:
     print(out.getvalue())
     assert len(results) == len(trials)
     assert wrong == 0, f"{wrong} of {len(trials)} trials wrong:\n{out.getvalue()}"
+    # Every exit the harness timed has the moment lifeguard's finalizers were done, within it;
+    # but a second SIGTERM exits at once, finalizers done or not.
+    timed = [r for r in results if r.exit_seconds is not None]
+    assert timed
+    for r in timed:
+        if r.trial.signal != "SIGTERMx2":
+            assert r.finalized_seconds is not None, r.trial.spec
+        if r.finalized_seconds is not None:
+            assert r.finalized_seconds <= r.exit_seconds, r.trial.spec
 
 
 # What CPython printed in two trials of a 1,000-trial run (paths shortened): the endings the

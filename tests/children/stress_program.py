@@ -10,7 +10,8 @@ land while ``sys.stdout`` is in the middle of a write, and an ``os.write`` of a 
 pipe is atomic. (A buffered ``print`` from the workload may still leave half a line just before a
 marker; the parent looks for the marker anywhere in a line.)
 
-Markers: ``STRESS-READY {json}`` once; for nested runs ``STRESS-START``, ``STRESS-ENDING`` (just
+Markers: ``STRESS-READY {json}`` once; ``STRESS-FINALIZED`` when lifeguard's finalizers are done;
+for nested runs ``STRESS-START``, ``STRESS-ENDING`` (just
 before ``end_run()``) and ``STRESS-ENDED`` (just after), so the parent knows which runs the
 program itself ended and which were open when the signal came.
 """
@@ -87,6 +88,23 @@ class StepTracking:
         self.client.log_batch(self.run_id, metrics=metrics, synchronous=True)
 
 
+def _say_when_finalized() -> None:
+    """The harness's probe: ``STRESS-FINALIZED`` with the time lifeguard's finalizers returned
+    (every status written, or journaled). What the exit takes after it is the program's own:
+    MLflow's exit hook flushing its async queue, the interpreter's teardown."""
+    from lifeguard.finalizers import Registry
+
+    run_all = Registry.run_all
+
+    def timed(self: Registry, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return run_all(self, *args, **kwargs)
+        finally:
+            say("FINALIZED", t=time.time())
+
+    Registry.run_all = timed  # type: ignore[method-assign]
+
+
 def main() -> None:
     args = parser.parse_args()
     rng = random.Random(args.seed)
@@ -100,6 +118,7 @@ def main() -> None:
 
         lifeguard.install(watchdog=args.watchdog)
         watchdog = lifeguard.watchdog_pid()
+        _say_when_finalized()
     import mlflow
 
     log = logging.getLogger("stress")

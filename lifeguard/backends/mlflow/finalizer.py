@@ -370,7 +370,7 @@ def _bounded_flush(fluent: object, budget: float | None) -> None:
 
     store = _store(fluent)
     queue = getattr(store, "_async_logging_queue", None)
-    if queue is None or getattr(queue, "is_idle", lambda: True)() or _nothing_pending(queue):
+    if queue is None or getattr(queue, "is_idle", lambda: True)():
         return
     done = threading.Event()
 
@@ -397,33 +397,6 @@ def _bounded_flush(fluent: object, budget: float | None) -> None:
         "runs without them",
         what,
     )
-
-
-def _nothing_pending(queue: object) -> bool:
-    """No batch waits in MLflow's async logging queue and none is being written. Then a flush
-    has nothing to send, yet it would wait up to a second for MLflow's loop thread to wake from
-    its idle poll. Each batch queued has a status-check task in one pool until it completes, and
-    a write task in another while it is written: both pools idle, nothing is pending. Read from
-    MLflow's and ThreadPoolExecutor's private state; anything unexpected says "pending"."""
-    try:
-        if not queue._queue.empty():  # type: ignore[attr-defined]
-            return False
-        pools = (
-            queue._batch_status_check_threadpool,  # type: ignore[attr-defined]
-            queue._batch_logging_worker_threadpool,  # type: ignore[attr-defined]
-        )
-        return all(_pool_idle(pool) for pool in pools)
-    except Exception:  # noqa: BLE001 - MLflow's internals moved: flush as before
-        return False
-
-
-def _pool_idle(pool: object) -> bool:
-    """Every thread of a ThreadPoolExecutor waits for work and none is queued: a worker releases
-    the idle semaphore once per task it finished, and a submit takes one back."""
-    if not pool._work_queue.empty():  # type: ignore[attr-defined]
-        return False
-    idle = pool._idle_semaphore._value  # type: ignore[attr-defined]
-    return isinstance(idle, int) and idle >= len(pool._threads)  # type: ignore[attr-defined]
 
 
 def _store(fluent: object) -> object:
