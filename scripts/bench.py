@@ -204,11 +204,12 @@ def bench_sigterm(rounds: int) -> dict[str, object]:
 # A training loop that logs asynchronously, as fast as a step goes: Ctrl-C lands in the loop.
 _ASYNC_LOOP = """
 run = mlflow.start_run()
-print(run.info.run_id, flush=True)
 step = 0
 while True:
     mlflow.log_metric("loss", 1.0 / (step + 1), step=step, synchronous=False)
     step += 1
+    if step == 100:  # the queue has been logging for a while
+        print(run.info.run_id, flush=True)
     time.sleep(0.001)
 """
 
