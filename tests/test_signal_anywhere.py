@@ -484,9 +484,11 @@ def test_an_exit_leaves_the_async_flush_to_mlflows_own_exit_hook(
     program = tmp_path / "async_at_exit.py"
     program.write_text(ASYNC_AT_EXIT)
     runs = without_and_with(program, child_env(store, PYTHONPATH=str(REPO)))
+    # Without lifeguard, 3.10 exits 1: MLflow's exit hook execs code, which resets CPython's
+    # die-of-SIGINT flag (lifeguard.hooks._keep_ctrl_c_exit sets it again).
+    assert runs["on"].returncode == -signal.SIGINT, runs["on"].stderr
     landed = {}
     for mode, done in runs.items():
-        assert done.returncode == -signal.SIGINT, done.stderr
         run_id = done.stdout.split()[1]
         landed[mode] = sorted(m.step for m in store.client.get_metric_history(run_id, "async_loss"))
     assert store.status(runs["on"].stdout.split()[1]) == "KILLED", runs["on"].stderr
