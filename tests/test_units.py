@@ -774,3 +774,36 @@ def test_turns_live_on_this_host_in_a_private_directory(
     assert default_dir() == fallback
     monkeypatch.delenv("XDG_RUNTIME_DIR")
     assert default_dir() == fallback
+
+
+def test_no_import_lock_is_released_while_an_import_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An excepthook called by hand in the middle of an import (a plugin loader reporting a
+    plugin's failure) must not take the module lock of the import in progress: the import's own
+    release would then fail, and another thread could see the half-run module."""
+    from lifeguard import importlocks
+
+    (tmp_path / "lifeguard_test_releases_mid_import.py").write_text(
+        "from lifeguard import importlocks\nRELEASED = importlocks.release_stranded()\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import lifeguard_test_releases_mid_import as mod  # type: ignore[import-not-found]
+
+    assert mod.RELEASED == 0
+    assert importlocks.release_stranded() == 0  # and nothing is stranded after it
+
+
+def test_only_the_exception_the_interpreter_exits_with_releases_import_locks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from lifeguard.lifecycle import _exits_with
+
+    exc = KeyboardInterrupt()
+    monkeypatch.delattr(sys, "ps1", raising=False)
+    monkeypatch.setattr(sys, "last_value", exc, raising=False)
+    monkeypatch.setattr(sys, "last_exc", exc, raising=False)
+    assert _exits_with(exc)
+    assert not _exits_with(KeyboardInterrupt())  # reported by hand, not the top level's
+    monkeypatch.setattr(sys, "ps1", ">>> ", raising=False)
+    assert not _exits_with(exc)  # a prompt goes on after it
