@@ -74,6 +74,7 @@ class ProcessHooks:
         # Signals first: they are what can fail (wrong thread), and nothing else is touched then.
         self.signals.install(signals)
         atexit.register(self._atexit)
+        at_threading_shutdown(self._lifecycle.on_threading_shutdown)
         self._saved_excepthook = sys.excepthook
         sys.excepthook = self._excepthook
         self._saved_exit = sys.exit
@@ -168,6 +169,22 @@ class ProcessHooks:
                 # the whole stack above stays alive until finalization.
                 lifecycle.note_exit(code, sys._getframe(2))
             self.move_atexit_to_front()
+
+
+def at_threading_shutdown(callback: Callable[[], object]) -> None:
+    """Call ``callback`` when threading's shutdown begins: the interpreter's first step once the
+    program's main code is over, before it joins the program's threads. Those callbacks run
+    newest first, so one registered later (at ``import mlflow``, after concurrent.futures
+    registered the join of every ThreadPoolExecutor's workers) runs before that join."""
+    import threading
+
+    register = getattr(threading, "_register_atexit", None)
+    if register is None:
+        return
+    try:
+        register(callback)
+    except RuntimeError:  # the interpreter is already shutting down
+        pass
 
 
 def _keep_ctrl_c_exit() -> None:

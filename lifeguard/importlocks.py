@@ -8,13 +8,12 @@ the lock held by the main thread for good. The main thread's own later imports g
 locks are re-entrant for their owner); every other thread's import of a module not loaded yet
 waits forever, and the finalizers run in threads of their own.
 
-Once the exception the interpreter exits with has reached the top level (the excepthook), and at
-the interpreter's exit (atexit), no import of the main thread's is in progress: the program's code
-has ended. Any import lock the main thread still owns then is stranded, and releasing it changes
-nothing the program can still do. The excepthook is the one that matters for threads: threading's
-shutdown joins the non-daemon ones (a ThreadPoolExecutor's) before any atexit hook runs, and one
-waiting on a stranded lock would hold the exit forever. As a last guard, nothing is released
-while an import frame is on the main thread's stack (an excepthook called by hand mid-import).
+Once the program's main code is over (threading's shutdown begins, then atexit), no import of
+the main thread's is in progress. Any import lock the main thread still owns then is stranded,
+and releasing it changes nothing the program can still do. Threading's shutdown is the moment
+that matters: it joins the non-daemon threads (a ThreadPoolExecutor's) before any atexit hook
+runs, and one waiting on a stranded lock would hold the exit forever. As a last guard, nothing
+is released while an import frame is on the main thread's stack.
 """
 
 from __future__ import annotations
@@ -40,8 +39,8 @@ MAX_DEPTH = 1000  # re-entrant holds released per lock, at most: a loop must end
 
 
 def release_stranded() -> int:
-    """In the main thread at exit: release the import locks it still holds. Returns how many
-    holds were released (0 in the normal case)."""
+    """In the main thread, once its code is over: release the import locks it still holds.
+    Returns how many holds were released (0 in the normal case)."""
     if threading.current_thread() is not threading.main_thread() or _importing():
         return 0
     released = _release_global_lock() + _release_module_locks()

@@ -117,11 +117,6 @@ class Lifecycle:
         from lifeguard.outcome import Outcome
 
         self.outcome = Outcome.raised(exc)
-        if _exits_with(exc) and self.registry.has_work():
-            # The interpreter exits with it next, and threading's shutdown joins the program's
-            # non-daemon threads (a ThreadPoolExecutor's: MLflow's async logging) before any
-            # atexit hook: one waiting on an import lock a Ctrl-C stranded would wait forever.
-            self._release_stranded_imports()
 
     def note_signal(self, signum: int) -> None:
         from lifeguard.outcome import Outcome
@@ -131,6 +126,20 @@ class Lifecycle:
     def forget_signal(self, signum: int) -> None:
         if self.outcome is not None and self.outcome.signum == signum:
             self.outcome = None
+
+    def on_threading_shutdown(self) -> None:
+        """The interpreter's first step once the program's main code is over, however it ended
+        (a return, sys.exit, an uncaught exception), before it joins the program's non-daemon
+        threads and long before any atexit hook."""
+        if not self.owns_process() or self.phase != Phase.INSTALLED:
+            return
+        # MLflow's always-FINISHED atexit hook may have been registered after ours.
+        self.hooks.move_atexit_to_front()
+        if self.registry.has_work():
+            # A thread about to be joined (a ThreadPoolExecutor's: MLflow's async logging)
+            # that waits on an import lock a Ctrl-C stranded in the main thread would wait
+            # forever, and the exit with it.
+            self._release_stranded_imports()
 
     def on_interpreter_exit(self) -> None:
         try:
@@ -145,8 +154,8 @@ class Lifecycle:
                         self._skip()
                     else:
                         self.exiting = True
-                        # Before any finalizer thread imports what it needs (a sys.exit after
-                        # a Ctrl-C the program caught never went through the excepthook).
+                        # Before any finalizer thread imports what it needs (again: threading's
+                        # shutdown may not have called us, and a no-op if it did).
                         self._release_stranded_imports()
                         self.finalize(self.outcome or _unreported_outcome())
         finally:
@@ -221,16 +230,6 @@ def _die(signum: int) -> None:
     from lifeguard.signals import _die as die
 
     die(signum)
-
-
-def _exits_with(exc: BaseException) -> bool:
-    """True when the excepthook reports the exception the interpreter exits with: CPython sets
-    ``sys.last_value`` (3.12: also ``last_exc``) just before it calls the hook for an exception
-    that reached the top level. An interactive prompt does the same after every failed
-    statement and goes on (``code.interact`` sets ``sys.ps1``): not an exit."""
-    if sys.flags.interactive or hasattr(sys, "ps1"):
-        return False
-    return exc is (getattr(sys, "last_exc", None) or getattr(sys, "last_value", None))
 
 
 def _unreported_outcome() -> Outcome:

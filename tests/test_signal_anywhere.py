@@ -248,15 +248,27 @@ raise KeyboardInterrupt
     assert "lifeguard" not in result.stderr, result.stderr
 
 
+# How the program's code ends after Ctrl-C stranded the lock: uncaught, or caught and then
+# sys.exit() or a plain return (a training loop's `except KeyboardInterrupt: print(...)`).
+CTRL_C_ENDINGS = {
+    "uncaught": ("raise KeyboardInterrupt", -signal.SIGINT, "KILLED"),
+    "sys.exit": ("sys.exit(130)", 130, "FAILED"),
+    "return": ("pass", 0, "FINISHED"),
+}
+
+
+@pytest.mark.parametrize("ending", sorted(CTRL_C_ENDINGS))
 def test_a_worker_thread_waiting_on_a_stranded_import_lock_does_not_hang_the_exit(
-    store: Store,
+    store: Store, ending: str
 ) -> None:
     """Stress trial (server, async, Ctrl-C): MLflow's batch-logging workers, a
     ThreadPoolExecutor's, were importing (a request header provider's lazy import) when Ctrl-C
     stranded the global import lock in the main thread. Threading's shutdown joins such workers
     *before* any atexit hook, so releasing the lock at atexit came too late: the process hung
-    until the launcher's SIGTERM, and its finalizer, needing an import too, was abandoned."""
-    body = """
+    until the launcher's SIGTERM, and its finalizer, needing an import too, was abandoned. The
+    lock is given back when threading's shutdown begins, however the program's code ended."""
+    last, code, status = CTRL_C_ENDINGS[ending]
+    body = f"""
 import _imp, concurrent.futures
 pool = concurrent.futures.ThreadPoolExecutor(1)
 importing = threading.Event()
@@ -270,14 +282,43 @@ demo.announce(run_ids=[run.info.run_id])
 _imp.acquire_lock()  # what Ctrl-C right after _get_module_lock's acquire leaves
 pool.submit(work)
 importing.wait()
-raise KeyboardInterrupt
+{last}
 """
     result = run(program(body), store, install={"deadline": 5.0})
-    assert result.returncode == -signal.SIGINT, result.stderr
+    assert result.returncode == code, result.stderr
     [run_id] = result.ready["run_ids"]  # type: ignore[misc]
-    assert store.status(run_id) == "KILLED", result.stderr
+    assert store.status(run_id) == status, result.stderr
     assert journal_files(store) == [], result.stderr
     assert "lifeguard" not in result.stderr, result.stderr
+
+
+# C code that prints an error and goes on (an embedding host's PyRun_SimpleString; sqlite3's
+# callbacks on 3.10) calls sys.excepthook with sys.last_value set, as the top level does.
+HOLDS_THE_IMPORT_LOCK = """
+import _imp, ctypes, sys
+if sys.argv[1] == "on":
+    import lifeguard
+    lifeguard.install(signals=())
+    lifeguard.register(lambda outcome: None)
+_imp.acquire_lock()  # the program's own hold, released below
+ctypes.pythonapi.PyRun_SimpleString(b"1/0")
+_imp.release_lock()
+print("released it myself")
+"""
+
+
+def test_an_error_printed_from_c_does_not_take_the_programs_import_lock(
+    store: Store, tmp_path: Path
+) -> None:
+    """An excepthook called by C code that then goes on is not the end of the program: an
+    import lock the program holds is still its own (the release was once done there; a helper
+    found the program's own release then failed)."""
+    path = tmp_path / "holds_the_import_lock.py"
+    path.write_text(HOLDS_THE_IMPORT_LOCK)
+    runs = without_and_with(path, child_env(store, PYTHONPATH=str(REPO)))
+    assert runs["off"].returncode == 0, runs["off"].stderr
+    assert runs["on"].returncode == 0, runs["on"].stderr
+    assert runs["on"].stdout == runs["off"].stdout == "released it myself\n"
 
 
 def test_a_parked_main_thread_starts_no_run_between_the_finalizers_and_the_death(

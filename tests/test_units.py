@@ -792,18 +792,3 @@ def test_no_import_lock_is_released_while_an_import_runs(
 
     assert mod.RELEASED == 0
     assert importlocks.release_stranded() == 0  # and nothing is stranded after it
-
-
-def test_only_the_exception_the_interpreter_exits_with_releases_import_locks(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from lifeguard.lifecycle import _exits_with
-
-    exc = KeyboardInterrupt()
-    monkeypatch.delattr(sys, "ps1", raising=False)
-    monkeypatch.setattr(sys, "last_value", exc, raising=False)
-    monkeypatch.setattr(sys, "last_exc", exc, raising=False)
-    assert _exits_with(exc)
-    assert not _exits_with(KeyboardInterrupt())  # reported by hand, not the top level's
-    monkeypatch.setattr(sys, "ps1", ">>> ", raising=False)
-    assert not _exits_with(exc)  # a prompt goes on after it
