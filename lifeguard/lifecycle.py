@@ -131,11 +131,7 @@ class Lifecycle:
         """The interpreter's first step once the program's main code is over, however it ended
         (a return, sys.exit, an uncaught exception), before it joins the program's non-daemon
         threads and long before any atexit hook."""
-        if not self.owns_process() or self.phase != Phase.INSTALLED:
-            return
-        # MLflow's always-FINISHED atexit hook may have been registered after ours.
-        self.hooks.move_atexit_to_front()
-        if self.registry.has_work():
+        if self.owns_process() and self.phase == Phase.INSTALLED and self.registry.has_work():
             # A thread about to be joined (a ThreadPoolExecutor's: MLflow's async logging)
             # that waits on an import lock a Ctrl-C stranded in the main thread would wait
             # forever, and the exit with it.

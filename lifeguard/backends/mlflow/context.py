@@ -140,14 +140,18 @@ def _front_at_shutdown() -> None:
     after lifeguard's, so it would run first. ``tags()`` fixes the order at each new run; a
     program that only resumes runs (``start_run(run_id=...)``, a Slurm requeue) never calls it,
     and its run would be ended FINISHED by MLflow, keeping the previous attempt's reason tags.
-    Threading's shutdown callbacks run before any atexit hook: the lifecycle's, registered
-    again here, fixes the order there. Registered now, it also runs before the join of MLflow's
-    async-logging workers (concurrent.futures registered that earlier in ``import mlflow``)."""
+    Threading's shutdown callbacks run before any atexit hook: fix the order there. Registered
+    now, this one also runs before the join of MLflow's async-logging workers (concurrent.futures
+    registered that earlier in ``import mlflow``): the lifecycle's shutdown step goes with it."""
     from lifeguard.hooks import at_threading_shutdown
 
-    lifecycle = current()
-    if lifecycle is not None:
-        at_threading_shutdown(lifecycle.on_threading_shutdown)
+    def front() -> None:
+        lifecycle = current()
+        if lifecycle is not None and lifecycle.is_installed():
+            lifecycle.hooks.move_atexit_to_front()
+            lifecycle.on_threading_shutdown()
+
+    at_threading_shutdown(front)
 
 
 _start_heartbeat_if_installed()
