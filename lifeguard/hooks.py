@@ -175,9 +175,10 @@ def at_threading_shutdown(callback: Callable[[], object]) -> None:
     """Call ``callback`` when threading's shutdown begins: the interpreter's first step once the
     program's main code is over, before it joins the program's threads. Those callbacks run
     newest first, so one registered later (at ``import mlflow``, after concurrent.futures
-    registered the join of every ThreadPoolExecutor's workers) runs before that join."""
-    import threading
-
+    registered the join of every ThreadPoolExecutor's workers) runs before that join. Never
+    imports threading (install() stays cheap): a program that has not imported it yet has no
+    such join registered either, and one registered later would run after it anyway."""
+    threading = sys.modules.get("threading")
     register = getattr(threading, "_register_atexit", None)
     if register is None:
         return
