@@ -257,16 +257,19 @@ CTRL_C_ENDINGS = {
 }
 
 
+@pytest.mark.parametrize("mlflow_first", [False, True], ids=["install-first", "mlflow-first"])
 @pytest.mark.parametrize("ending", sorted(CTRL_C_ENDINGS))
 def test_a_worker_thread_waiting_on_a_stranded_import_lock_does_not_hang_the_exit(
-    store: Store, ending: str
+    store: Store, ending: str, mlflow_first: bool
 ) -> None:
     """Stress trial (server, async, Ctrl-C): MLflow's batch-logging workers, a
     ThreadPoolExecutor's, were importing (a request header provider's lazy import) when Ctrl-C
     stranded the global import lock in the main thread. Threading's shutdown joins such workers
     *before* any atexit hook, so releasing the lock at atexit came too late: the process hung
     until the launcher's SIGTERM, and its finalizer, needing an import too, was abandoned. The
-    lock is given back when threading's shutdown begins, however the program's code ended."""
+    lock is given back when threading's shutdown begins, however the program's code ended, and
+    whichever was imported first: mlflow (then concurrent.futures registered its join before
+    install() registered the release) or lifeguard (then at import mlflow, after it)."""
     last, code, status = CTRL_C_ENDINGS[ending]
     body = f"""
 import _imp, concurrent.futures
@@ -284,7 +287,10 @@ pool.submit(work)
 importing.wait()
 {last}
 """
-    result = run(program(body), store, install={"deadline": 5.0})
+    cmd = program(body)
+    if mlflow_first:
+        cmd[-1] = "import mlflow\n" + cmd[-1]
+    result = run(cmd, store, install={"deadline": 5.0})
     assert result.returncode == code, result.stderr
     [run_id] = result.ready["run_ids"]  # type: ignore[misc]
     assert store.status(run_id) == status, result.stderr
