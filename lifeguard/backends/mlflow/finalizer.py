@@ -353,11 +353,12 @@ def _flush_budget(outcome: Outcome) -> float | None:
 
 
 def _flushed_at_exit_by_mlflow(fluent: object) -> bool:
-    """MLflow's async logging queue flushes itself from an atexit hook of its own, unbounded,
-    which runs after ours on the way out. Exiting through atexit, we leave the flush to it, as
-    it would happen without lifeguard: the status is written first. Flushing here as well cost
-    every exit a second of MLflow's idle poll (its loop thread notices a flush only when its
-    ``Queue.get(timeout=1)`` returns) and made the status wait on the program's metrics."""
+    """On the way out through atexit, what MLflow's async queue sends it sends without us, as
+    without lifeguard: threading's shutdown has joined its worker pool (every batch handed to it
+    is written), and its own atexit hook, after ours, tries the rest (concurrent.futures then
+    refuses new work, so MLflow logs "Failed to submit batch", with or without lifeguard). A
+    flush of ours could send no more; it cost every exit a second of MLflow's idle poll (its
+    loop thread notices a flush only when its ``Queue.get(timeout=1)`` returns)."""
     queue = getattr(_store(fluent), "_async_logging_queue", None)
     return queue is None or callable(getattr(queue, "_at_exit_callback", None))
 
