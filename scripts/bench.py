@@ -156,21 +156,26 @@ sys.stdin.readline()
 """
 
 
-def bench_sigterm(rounds: int) -> dict[str, object]:
+def _signal_to_exit(
+    rounds: int, sig: int, program: str, anchor: str
+) -> tuple[float, float, dict[str, set[str]]]:
+    """Median seconds from ``sig`` to the exit of ``program`` (which prints its run id when it
+    is ready for the signal) behind the ``anchor`` prelude and behind lifeguard's, interleaved
+    round by round, on a sqlite store of its own; with the statuses the runs ended with."""
     import logging
 
     from mlflow.tracking import MlflowClient
 
     logging.getLogger("mlflow").setLevel(logging.WARNING)
+    statuses: dict[str, set[str]] = {"anchor": set(), "lifeguard": set()}
     with tempfile.TemporaryDirectory(prefix="lifeguard-bench-") as tmp:
         uri = f"sqlite:///{tmp}/mlflow.db"
         client = MlflowClient(tracking_uri=uri)
         client.search_experiments()  # migrate once, outside the timings
         env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONWARNINGS": "ignore"}
-        statuses: dict[str, set[str]] = {"hand": set(), "lifeguard": set()}
 
         def once(prelude: str, side: str) -> float:
-            code = "import sys\n" + textwrap.dedent(prelude) + _TRAIN
+            code = "import sys, time\n" + textwrap.dedent(prelude) + program
             proc = subprocess.Popen(
                 [PY, "-c", code],
                 stdin=subprocess.PIPE,
@@ -182,21 +187,26 @@ def bench_sigterm(rounds: int) -> dict[str, object]:
             assert proc.stdout is not None
             run_id = proc.stdout.readline().strip()
             start = time.perf_counter()
-            proc.send_signal(signal.SIGTERM)
+            proc.send_signal(sig)
             rc = wait_exact(proc, 120)
             elapsed = time.perf_counter() - start
-            assert rc == -signal.SIGTERM, f"{side}: exit status {rc}"
+            assert rc == -sig, f"{side}: exit status {rc}"
             statuses[side].add(client.get_run(run_id).info.status)
             return elapsed
 
-        hand, guarded = interleave(
-            rounds, lambda: once(_HAND_WRITTEN, "hand"), lambda: once(_LIFEGUARD, "lifeguard")
+        theirs, ours = interleave(
+            rounds, lambda: once(anchor, "anchor"), lambda: once(_LIFEGUARD, "lifeguard")
         )
+    return theirs, ours, statuses
+
+
+def bench_sigterm(rounds: int) -> dict[str, object]:
+    hand, guarded, statuses = _signal_to_exit(rounds, signal.SIGTERM, _TRAIN, _HAND_WRITTEN)
     return {
         "hand-written handler (ms)": hand * 1e3,
         "lifeguard (ms)": guarded * 1e3,
         "ratio": guarded / hand,
-        "final status (hand / lifeguard)": f"{statuses['hand']} / {statuses['lifeguard']}",
+        "final status (hand / lifeguard)": f"{statuses['anchor']} / {statuses['lifeguard']}",
         "goal": "<= 1.10x, KILLED",
     }
 
@@ -218,45 +228,12 @@ def bench_ctrl_c(rounds: int) -> dict[str, object]:
     """Ctrl-C of a loop logging with ``synchronous=False``: the exit goes through the program's
     atexit hooks (MLflow's async flush) and the interpreter's teardown, with or without
     lifeguard. lifeguard's share is what it adds."""
-    import logging
-
-    from mlflow.tracking import MlflowClient
-
-    logging.getLogger("mlflow").setLevel(logging.WARNING)
-    with tempfile.TemporaryDirectory(prefix="lifeguard-bench-") as tmp:
-        uri = f"sqlite:///{tmp}/mlflow.db"
-        client = MlflowClient(tracking_uri=uri)
-        client.search_experiments()  # migrate once, outside the timings
-        env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONWARNINGS": "ignore"}
-        statuses: dict[str, set[str]] = {"bare": set(), "lifeguard": set()}
-
-        def once(prelude: str, side: str) -> float:
-            code = "import sys, time\n" + textwrap.dedent(prelude) + _ASYNC_LOOP
-            proc = subprocess.Popen(
-                [PY, "-c", code],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                env=env,
-                text=True,
-            )
-            assert proc.stdout is not None
-            run_id = proc.stdout.readline().strip()
-            start = time.perf_counter()
-            proc.send_signal(signal.SIGINT)
-            rc = wait_exact(proc, 120)
-            elapsed = time.perf_counter() - start
-            assert rc == -signal.SIGINT, f"{side}: exit status {rc}"
-            statuses[side].add(client.get_run(run_id).info.status)
-            return elapsed
-
-        bare, guarded = interleave(
-            rounds, lambda: once("import mlflow\n", "bare"), lambda: once(_LIFEGUARD, "lifeguard")
-        )
+    bare, guarded, statuses = _signal_to_exit(rounds, signal.SIGINT, _ASYNC_LOOP, "import mlflow\n")
     return {
         "without lifeguard (ms)": bare * 1e3,
         "lifeguard (ms)": guarded * 1e3,
         "ratio": guarded / bare,
-        "final status (without / lifeguard)": f"{statuses['bare']} / {statuses['lifeguard']}",
+        "final status (without / lifeguard)": f"{statuses['anchor']} / {statuses['lifeguard']}",
         "goal": "<= 1.10x, KILLED",
     }
 
