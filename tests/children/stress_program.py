@@ -91,7 +91,7 @@ class StepTracking:
 def _say_when_finalized() -> None:
     """The harness's probe: ``STRESS-FINALIZED`` with the time lifeguard's finalizers returned
     (every status written, or journaled). What the exit takes after it is the program's own:
-    MLflow's exit hook flushing its async queue, the interpreter's teardown."""
+    MLflow's exit work (its async workers joined, its exit hook), the interpreter's teardown."""
     from lifeguard.finalizers import Registry
 
     run_all = Registry.run_all
