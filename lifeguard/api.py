@@ -9,6 +9,7 @@ import sys
 from lifeguard import lifecycle as _lifecycle
 from lifeguard.finalizers import Handle, Registry
 from lifeguard.lifecycle import Lifecycle, Phase
+from lifeguard.names import GUARDIAN_ENV
 from lifeguard.options import Options
 
 TYPE_CHECKING = False
@@ -26,8 +27,6 @@ _registry = Registry()
 _builtin_handles: list[Handle] = []
 _fork_hook_registered = False
 _faulthandler_ours = False
-# channel.ENV, spelled out so that install() need not import the channel module to check it.
-GUARDIAN_ENV = "LIFEGUARD_GUARDIAN"
 # The pid of the journal replayer install() started, if the journal had anything.
 replay_pid: int | None = None
 # In a forked child: the runs that were on MLflow's active-run stacks when it was forked. They
@@ -82,8 +81,9 @@ def _register_builtins(options: Options, lifecycle: Lifecycle) -> None:
     The registry runs newest first, so they are registered last-to-run first, and a program's
     own finalizers, registered after install(), run before all of them."""
     from lifeguard import backends
+    from lifeguard.names import RUN_ORDER
 
-    for name in reversed(backends.RUN_ORDER):
+    for name in reversed(RUN_ORDER):
         if name == "mlflow":
             if not options.mlflow:
                 continue
@@ -113,7 +113,7 @@ def _connect_guardian(lifecycle: Lifecycle) -> None:
 
     if GUARDIAN_ENV not in os.environ and not lifecycle.options.watchdog:
         return  # the common case: no guardian, nothing more to import at start-up
-    from lifeguard.guardian.channel import WATCHDOG, Channel
+    from lifeguard.channel import WATCHDOG, Channel
 
     channel = Channel.from_env()
     if channel is None and lifecycle.options.watchdog:
@@ -143,7 +143,7 @@ def _replay_journal_in_background() -> None:
     importing mlflow from a thread could deadlock with the program's own ``import mlflow``, and
     bounding MLflow's HTTP calls would change the environment the program's own calls see."""
     global replay_pid
-    from lifeguard.guardian.journal import Journal
+    from lifeguard.journal import Journal
 
     journal = Journal()
     if not journal.replay_due():  # one directory listing: the common case costs ~10 us
@@ -286,7 +286,7 @@ def _after_fork_in_child() -> None:
     if lifecycle is not None:
         lifecycle.hooks.signals.after_fork_in_child()
     if lifecycle is not None and lifecycle.channel is not None:
-        from lifeguard.guardian.channel import WATCHDOG
+        from lifeguard.channel import WATCHDOG
 
         if lifecycle.channel.role == WATCHDOG:
             # The parent's watchdog is the parent's: the child must not speak for it, nor

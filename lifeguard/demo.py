@@ -613,7 +613,7 @@ def task_main(task: str, arg: str) -> None:
         MlflowClient(tracking_uri=arg).search_experiments()
     elif task == "replay":
         from lifeguard.backends.mlflow.runs import replay_journal
-        from lifeguard.guardian.journal import Journal
+        from lifeguard.journal import Journal
 
         print(json.dumps(replay_journal(Journal(arg), budget=30.0)))
     else:

@@ -12,18 +12,32 @@ import atexit
 import os
 import sys
 
-from lifeguard.signals import SignalWatch, die_by_signal, is_main_thread
+from lifeguard.signals import SignalWatch, is_main_thread
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
     from types import TracebackType
+    from typing import Protocol
 
-    from lifeguard.lifecycle import Lifecycle
+    from lifeguard.channel import Channel
+    from lifeguard.signals import Ending
 
     ExceptHook = Callable[[type[BaseException], BaseException, TracebackType | None], object]
 
-__all__ = ["ProcessHooks", "die_by_signal", "is_main_thread"]
+    class Observer(Ending, Protocol):
+        """What the hooks report to (``lifeguard.lifecycle`` implements it): each event that
+        says how the process is ending, and the two moments of the interpreter's exit."""
+
+        channel: Channel | None
+
+        def note_exit(self, code: object, caller: object = None) -> None: ...
+        def note_exception(self, exc: BaseException) -> None: ...
+        def on_threading_shutdown(self) -> None: ...
+        def on_interpreter_exit(self) -> None: ...
+
+
+__all__ = ["ProcessHooks", "at_threading_shutdown"]
 
 
 def _traceback_already_printed() -> bool:
@@ -60,9 +74,9 @@ class _Quitter:
 class ProcessHooks:
     """Installs and restores the hooks. One instance per installed lifecycle."""
 
-    def __init__(self, lifecycle: Lifecycle) -> None:
+    def __init__(self, lifecycle: Observer) -> None:
         self._lifecycle = lifecycle
-        self.signals = SignalWatch(lifecycle)
+        self.signals = SignalWatch(lifecycle, on_unwind=self.move_atexit_to_front)
         self._saved_excepthook: ExceptHook | None = None
         self._saved_exit: Callable[..., object] | None = None
         self._saved_quitters: dict[str, object] = {}
@@ -144,7 +158,7 @@ class ProcessHooks:
                 # The process is already dying of a signal (the ender finalizes): an exception
                 # raised since, in the moments it took, is not the program's ending. Without
                 # lifeguard the signal would have ended it before; so it ends now, unprinted.
-                lifecycle.die_if_ending_by_signal()
+                self.signals.die_if_ending()
                 lifecycle.note_exception(value)
                 self.move_atexit_to_front()
         finally:
@@ -163,7 +177,7 @@ class ProcessHooks:
         # sys.exit() in another thread only ends that thread; it says nothing about the process.
         lifecycle = self._lifecycle
         if is_main_thread() and lifecycle.owns_process():
-            lifecycle.die_if_ending_by_signal()
+            self.signals.die_if_ending()
             if self.signals.in_handler_for is None:
                 # Frame 2 is whoever called sys.exit/exit() (through our wrapper): with it,
                 # the whole stack above stays alive until finalization.

@@ -15,11 +15,12 @@ import time
 from lifeguard._log import logger
 from lifeguard.finalizers import Registry
 from lifeguard.hooks import ProcessHooks
+from lifeguard.signals import die
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from lifeguard.channel import Channel
     from lifeguard.finalizers import Report
-    from lifeguard.guardian.channel import Channel
     from lifeguard.options import Options
     from lifeguard.outcome import Outcome
 
@@ -83,22 +84,19 @@ class Lifecycle:
         if self._finalized.acquire(timeout=timeout):
             self._finalized.release()
 
+    @property
+    def deadline(self) -> float:
+        return self.options.deadline
+
+    def finalizing_for_a_signal(self) -> bool:
+        """Finalizing (or done) with a signal as the outcome: another signal means "now"."""
+        return self.outcome is not None and self.outcome.signum is not None
+
     def die_after_finalizing(self, signum: int) -> None:
         """A signal came while finalizing an exit or a crash: die of it once that is done."""
         self.die_after = signum
         if self.phase == Phase.DONE:  # done meanwhile: nobody is left to act on it
-            _die(signum)
-
-    def die_if_ending_by_signal(self) -> None:
-        """In the main thread, when the process is already on its way to die of a signal (the
-        ender finalizes for it): wait for the ender to end the process, and never return."""
-        signals = self.hooks.signals
-        first = signals.first
-        if signals.ending and first is not None:
-            self.wait_finalized(self.options.deadline + 5.0)
-            from lifeguard.signals import die_by_signal
-
-            die_by_signal(first[0])
+            die(signum)
 
     # -- events from the hooks -------------------------------------------------------------------
 
@@ -142,7 +140,7 @@ class Lifecycle:
             if self.owns_process():
                 # The main thread got to the end while the ender finalizes for a signal: the
                 # process dies of that signal, not of this exit.
-                self.die_if_ending_by_signal()
+                self.hooks.signals.die_if_ending()
                 if self.phase == Phase.INSTALLED:
                     if not self.registry.has_work():
                         # Nothing to end (no tracker imported, no finalizer of the program's):
@@ -192,7 +190,7 @@ class Lifecycle:
                 self.channel.send("done")
             self._finalized.release()
             if self.die_after is not None:
-                _die(self.die_after)
+                die(self.die_after)
 
     def rearm(self) -> None:
         """After ``lifeguard.finish()``: the process lives on, and runs it starts from now on are
@@ -220,12 +218,6 @@ class Lifecycle:
         self.hooks.uninstall()
         if self.phase == Phase.INSTALLED:
             self.phase = Phase.UNINSTALLED
-
-
-def _die(signum: int) -> None:
-    from lifeguard.signals import _die as die
-
-    die(signum)
 
 
 def _unreported_outcome() -> Outcome:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from lifeguard.backends import MODULES as _BACKEND_MODULES
+from lifeguard.names import MODULES as _BACKEND_MODULES
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -32,10 +32,9 @@ __all__ = [
 
 DEFAULT_SIGNALS: tuple[str, ...] = ("SIGINT", "SIGTERM", "SIGHUP")
 
-# The trackers lifeguard can end besides MLflow (lifeguard/backends/__init__.py, which install()
-# imports anyway). Each is on only if the program imports that library. ClearML is opt-in: it
-# has exit hooks of its own and its offline mode records no status, so the adapter could not be
-# tested here (README).
+# The trackers lifeguard can end besides MLflow (lifeguard.names). Each is on only if the program
+# imports that library. ClearML is opt-in: it has exit hooks of its own and its offline mode
+# records no status, so the adapter could not be tested here (README).
 TRACKERS: tuple[str, ...] = tuple(_BACKEND_MODULES)
 DEFAULT_TRACKERS: tuple[str, ...] = ("tensorboard", "wandb", "swanlab", "trackio")
 

@@ -23,6 +23,8 @@ import os
 import socket
 import sys
 
+from lifeguard.names import TAG_HEARTBEAT
+
 __all__ = [
     "OWNER_TAGS",
     "TAG_BOOT",
@@ -241,8 +243,6 @@ def adopted_since(status: str, tags: dict[str, str], pid: int | None, ended_at: 
     is alive where that can be checked (same host, boot and PID namespace), else its heartbeat
     is newer than the journaled end. Writing the journaled ending would then end a live run,
     and "never overwrite" would keep the wrong status for good."""
-    from lifeguard.backends.mlflow.heartbeat import TAG_HEARTBEAT
-
     if pid is None or status != "RUNNING":
         return False
     owner = Owner.from_tags(tags)

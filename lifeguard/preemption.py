@@ -28,19 +28,12 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
     from types import FrameType
 
-__all__ = ["TAG_WARNING", "on_preemption", "warning_received"]
+__all__ = ["TAG_WARNING", "on_preemption"]
 
 TAG_WARNING = "lifeguard.preemption_warning"
 
 _callbacks: list[Callable[[int], object]] = []
 _previous: dict[int, object] = {}
-# The last warning this process received ("SIGUSR1 at <epoch ms>"), for the runs it starts later.
-_received: str | None = None
-
-
-def warning_received() -> str | None:
-    """The tag value of the last preemption warning this process received, if any."""
-    return _received
 
 
 class PreemptionHandle:
@@ -65,6 +58,10 @@ def on_preemption(
         raise ValueError("signals: at least one signal is needed")
     if threading.current_thread() is not threading.main_thread():
         raise RuntimeError("lifeguard.on_preemption() must be called from the main thread")
+    # Imported here, not in the signal handler (the main thread may be importing when the
+    # warning comes). Memory only: mlflow is not imported.
+    from lifeguard.backends.mlflow import active  # noqa: F401
+
     for signum in signums:
         if signum not in _previous:
             _previous[signum] = signal.signal(signum, _on_warning)
@@ -73,9 +70,11 @@ def on_preemption(
 
 
 def _on_warning(signum: int, frame: FrameType | None) -> None:
-    global _received
+    from lifeguard.backends.mlflow import active
+
     stamp = int(time.time() * 1000)
-    _received = _tag_value(signum, stamp)
+    # The runs this process starts or resumes later are tagged too (with their owner tags).
+    active.tag_new_runs(TAG_WARNING, _tag_value(signum, stamp))
     for callback in list(_callbacks):
         try:
             callback(signum)
@@ -102,7 +101,7 @@ def _tag_runs(signum: int, stamp: int) -> None:
     try:
         from mlflow.tracking import MlflowClient
 
-        from lifeguard.backends.mlflow.finalizer import owned_active_runs
+        from lifeguard.backends.mlflow.active import owned_active_runs
 
         client = MlflowClient()
         value = _tag_value(signum, stamp)

@@ -32,23 +32,47 @@ import os
 import sys
 import time
 
-from lifeguard.backends import PACKAGES
+from lifeguard.names import PACKAGES
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import signal as _signal
     from collections.abc import Callable
     from types import FrameType
+    from typing import Protocol
 
-    from lifeguard.lifecycle import Lifecycle
+    from lifeguard.outcome import Outcome
 
     Handler = Callable[[int, FrameType | None], object] | int | None
+
+    class Ending(Protocol):
+        """What the signal path needs of the process's lifecycle (``lifeguard.lifecycle``
+        implements it): its phase, and the one finalization that every ending goes through."""
+
+        finalize_started: float | None
+        # A signal that came while finalizing an exit or a crash: the one to die of after.
+        die_after: int | None
+
+        @property
+        def deadline(self) -> float: ...
+        def owns_process(self) -> bool: ...
+        def is_installed(self) -> bool: ...
+        def is_finalizing(self) -> bool: ...
+        def is_done(self) -> bool: ...
+        def finalizing_for_a_signal(self) -> bool: ...
+        def journal_ahead(self, outcome: Outcome) -> None: ...
+        def finalize(self, outcome: Outcome) -> object: ...
+        def wait_finalized(self, timeout: float) -> None: ...
+        def die_after_finalizing(self, signum: int) -> None: ...
+        def note_signal(self, signum: int) -> None: ...
+        def forget_signal(self, signum: int) -> None: ...
+
 else:
     # The C module, not `signal`: that one pulls in enum and functools, ~4 ms, twice install()'s
     # whole budget in a fresh interpreter. Same API.
     import _signal
 
-__all__ = ["REPEAT_WINDOW", "SignalWatch", "die_by_signal", "die_from_any_thread"]
+__all__ = ["REPEAT_WINDOW", "SignalWatch", "die", "die_by_signal", "die_from_any_thread"]
 
 # Two deliveries of the same signal closer than this are one stop, not an escalation. slurmd
 # sends each srun task two SIGTERMs 3-9 ms apart on a time limit or a preemption; a person's
@@ -143,7 +167,7 @@ def _entering_from_outside(frame: FrameType) -> bool:
 
 
 # The packages whose functions the main thread must not enter while its runs are being ended
-# (lifeguard.backends.PACKAGES, the trackers lifeguard ends). Calling one then would log to a run
+# (lifeguard.names.PACKAGES, the trackers lifeguard ends). Calling one then would log to a run
 # already KILLED (an error and a traceback the program never printed) or start a new run that
 # nobody ends.
 def _is_tracker(module: object) -> bool:
@@ -159,8 +183,11 @@ DEATH_WAIT = 5.0
 class SignalWatch:
     """The signal side of one lifecycle: handlers, the listener thread and the ender."""
 
-    def __init__(self, lifecycle: Lifecycle) -> None:
+    def __init__(self, lifecycle: Ending, on_unwind: Callable[[], object]) -> None:
         self._lifecycle = lifecycle
+        # Called when a chained handler raises (KeyboardInterrupt unwinding through the
+        # program): lifeguard's atexit hook must come before the trackers' own (hooks.py).
+        self._on_unwind = on_unwind
         self.saved: dict[int, Handler] = {}
         # Signals whose previous action was the default: lifeguard ends the process for these.
         self.takeover: frozenset[int] = frozenset()
@@ -291,9 +318,9 @@ class SignalWatch:
             and self.first is not None
             and started is not None
             and lifecycle.is_finalizing()
-            and not _for_a_signal(lifecycle)
+            and not lifecycle.finalizing_for_a_signal()
         ):
-            self.die_by = started + lifecycle.options.deadline + 1.0
+            self.die_by = started + lifecycle.deadline + 1.0
 
     # -- one signal, noticed -------------------------------------------------------------------
 
@@ -312,10 +339,10 @@ class SignalWatch:
                 self.ending = True
                 self._hold_the_interpreter_open()
                 _thread.start_new_thread(self._end, (signum, at))
-            elif lifecycle.is_finalizing() and _for_a_signal(lifecycle):
+            elif lifecycle.is_finalizing() and lifecycle.finalizing_for_a_signal():
                 # Finalizing for a signal taken the main thread's way (Ctrl-C's
                 # KeyboardInterrupt): another signal means now.
-                _die(signum)
+                die(signum)
             else:
                 # Finalizing an exit or a crash (torchrun's SIGTERM to the ranks left after one
                 # failed): those finalizers finish first, then the process dies of the signal,
@@ -332,7 +359,7 @@ class SignalWatch:
                 "not written yet stay in the journal",
                 signum,
             )
-            _die(signum)
+            die(signum)
 
     def _readable_before(self, when: float) -> bool:
         """Whether the pipe has data before ``when`` (monotonic). select only now: install()
@@ -362,7 +389,7 @@ class SignalWatch:
             "exiting now, the statuses not written yet stay in the journal",
             signum,
         )
-        _die(signum)
+        die(signum)
 
     def _hold_the_interpreter_open(self) -> None:
         """A main thread that runs on to the end of the program while the ender finalizes must
@@ -372,11 +399,18 @@ class SignalWatch:
         register = getattr(threading, "_register_atexit", None)
         if register is None:
             return
-        lifecycle = self._lifecycle
         try:
-            register(lifecycle.die_if_ending_by_signal)
+            register(self.die_if_ending)
         except RuntimeError:  # shutdown already under way: atexit's own hook still waits
             pass
+
+    def die_if_ending(self) -> None:
+        """In the main thread, when the process is already on its way to die of a signal (the
+        ender finalizes for it): wait for the ender to end the process, and never return."""
+        first = self.first
+        if self.ending and first is not None:
+            self._lifecycle.wait_finalized(self._lifecycle.deadline + 5.0)
+            die_by_signal(first[0])
 
     def _end(self, signum: int, at: float) -> None:
         """The ender thread: finalize, then die of the signal."""
@@ -412,7 +446,7 @@ class SignalWatch:
         main = _main_thread_ident()
         if main is None:
             return
-        give_up = time.monotonic() + min(2.5, self._lifecycle.options.deadline / 4)
+        give_up = time.monotonic() + min(2.5, self._lifecycle.deadline / 4)
         while time.monotonic() < give_up:
             if self.main_context is not None and self.parked_now:
                 return
@@ -471,7 +505,7 @@ class SignalWatch:
             die_by_signal(signum)
             return
         if lifecycle.is_finalizing():
-            if _for_a_signal(lifecycle):
+            if lifecycle.finalizing_for_a_signal():
                 die_by_signal(signum)  # a second signal while finalizing for one: now
             # The first signal while finalizing an exit or a crash: those finalizers finish,
             # then the process dies of it.
@@ -495,7 +529,7 @@ class SignalWatch:
             # `except KeyboardInterrupt:` cleanup (a last checkpoint) comes first; atexit
             # finalizes, ahead of MLflow's own hook.
             if active:
-                lifecycle.hooks.move_atexit_to_front()
+                self._on_unwind()
             raise
         finally:
             self.in_handler_for = outer
@@ -534,16 +568,14 @@ class SignalWatch:
         before the death) is one nobody ends. Bounded, should the death not come."""
         self.parked_now = True
         lifecycle = self._lifecycle
-        lifecycle.wait_finalized(lifecycle.options.deadline + 5.0)
+        lifecycle.wait_finalized(lifecycle.deadline + 5.0)
         if self.ending:
             self._death.acquire(timeout=DEATH_WAIT)
 
 
-def _for_a_signal(lifecycle: Lifecycle) -> bool:
-    return lifecycle.outcome is not None and lifecycle.outcome.signum is not None
-
-
-def _die(signum: int) -> None:
+def die(signum: int) -> None:
+    """End the process by ``signum``'s default action, now, from whichever thread: the one way
+    lifeguard ends a process (the signal path's and the lifecycle's)."""
     if is_main_thread():
         die_by_signal(signum)
     die_from_any_thread(signum)

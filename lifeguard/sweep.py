@@ -36,6 +36,7 @@ import os
 import time
 
 from lifeguard._log import logger
+from lifeguard.names import TAG_HEARTBEAT
 from lifeguard.owner import Owner
 
 TYPE_CHECKING = False
@@ -58,7 +59,6 @@ END = "end"
 ALIVE = "alive"
 SKIP = "skip"
 
-TAG_HEARTBEAT = "lifeguard.heartbeat"
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 # Ten years: beyond it a duration is a typo, and far beyond it float arithmetic stops meaning
 # anything (--stale-after 1e300).
@@ -272,7 +272,7 @@ class Sightings:
         self.untrusted = False
 
     def load(self) -> Sightings:
-        from lifeguard.guardian.journal import Untrusted, read_private, untrusted_directory
+        from lifeguard.journal import Untrusted, read_private, untrusted_directory
 
         why = untrusted_directory(self.directory)
         if why is not None:
@@ -324,7 +324,7 @@ class Sightings:
         runs it looked for and did not find RUNNING."""
         import json
 
-        from lifeguard.guardian.journal import Journal
+        from lifeguard.journal import Journal
 
         if self.untrusted:
             return

@@ -10,7 +10,8 @@ import time
 import mlflow
 import pytest
 
-from lifeguard.backends.mlflow.heartbeat import TAG_HEARTBEAT, Heartbeat
+from lifeguard.backends.mlflow.heartbeat import Heartbeat
+from lifeguard.names import TAG_HEARTBEAT
 from tests.conftest import Scenario, Store, child_env
 
 
@@ -51,7 +52,7 @@ def test_beat_finds_runs_created_outside_start_run(
 ) -> None:
     """Lightning's MLFlowLogger resolves context tags, then calls MlflowClient.create_run: the
     run is on no active-run stack, so the beat finds it by its owner tags."""
-    from lifeguard.backends.mlflow import context as mlflow_context
+    from lifeguard.backends.mlflow import active
     from lifeguard.owner import Owner
 
     mlflow.set_tracking_uri(store.uri)
@@ -60,7 +61,7 @@ def test_beat_finds_runs_created_outside_start_run(
     store.client.set_terminated(other.info.run_id, "FINISHED")
     beat = Heartbeat(60.0)
     assert beat.beat() == 0  # not searched for: nothing said such runs exist
-    monkeypatch.setattr(mlflow_context, "created_outside_fluent", os.getpid())
+    monkeypatch.setattr(active, "_created_outside_fluent", os.getpid())
     before = int(time.time() * 1000)
     assert beat.beat() == 1  # the RUNNING one only
     assert int(store.run(run.info.run_id).data.tags[TAG_HEARTBEAT]) >= before

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lifeguard.guardian.journal import Entry, Journal, redact_uri
+from lifeguard.journal import Entry, Journal, redact_uri
 
 OTHER_UID = 65534  # nobody
 
@@ -291,7 +291,7 @@ def _entry(journal: Journal, run_id: str) -> None:
 def test_a_replay_is_due_once_per_interval_or_for_a_newer_entry(tmp_path: Path) -> None:
     """An entry nobody can write for now (its server gone) costs a replay per REPLAY_EVERY, not
     one per program started; a new entry is replayed at the next install()."""
-    from lifeguard.guardian.journal import REPLAY_EVERY, REPLAY_STAMP
+    from lifeguard.journal import REPLAY_EVERY, REPLAY_STAMP
 
     journal = Journal(str(tmp_path / "journal"))
     assert not journal.replay_due()  # no directory
@@ -329,7 +329,7 @@ def test_a_replay_is_due_once_per_interval_or_for_a_newer_entry(tmp_path: Path) 
 def test_a_planted_stamp_neither_blocks_nor_silences_the_replay(tmp_path: Path) -> None:
     """A FIFO or a symlink where the stamp goes: install() neither blocks on it nor follows
     it; the replay is due (no usable stamp), and the next stamp replaces what was there."""
-    from lifeguard.guardian.journal import REPLAY_STAMP
+    from lifeguard.journal import REPLAY_STAMP
 
     journal = Journal(str(tmp_path / "journal"))
     _entry(journal, "d" * 32)

@@ -132,7 +132,7 @@ def test_a_run_the_user_ended_is_never_overwritten(
 
     # And a journaled status for it (the replay path) is not written either.
     from lifeguard.guardian import rest
-    from lifeguard.guardian.journal import Entry, Journal
+    from lifeguard.journal import Entry, Journal
 
     journal = Journal(str(store.path.parent / "journal"))
     entry = Entry(run.info.run_id, server.uri, "KILLED", 1, {"lifeguard.ended_by": "watchdog"})
@@ -153,7 +153,7 @@ def test_a_run_the_user_deleted_is_left_alone_by_both_paths(
     the mlflow client alike, a deleted run is nothing to end, and its entry goes."""
     from lifeguard.backends.mlflow import runs
     from lifeguard.guardian import rest
-    from lifeguard.guardian.journal import Entry, Journal
+    from lifeguard.journal import Entry, Journal
 
     client = MlflowClient(server.uri)
     experiment = client.create_experiment(f"deleted-{tmp_path.name}")
@@ -387,7 +387,7 @@ def test_an_installed_request_plugin_sends_the_guardian_down_the_mlflow_path(
 
 
 def _running_entry(server: MlflowServer) -> tuple[str, object]:
-    from lifeguard.guardian.journal import Entry
+    from lifeguard.journal import Entry
 
     run = MlflowClient(server.uri).create_run("0")
     entry = Entry(run.info.run_id, server.uri, "KILLED", 1, {"lifeguard.ended_by": "watchdog"})
@@ -400,7 +400,7 @@ def test_a_dripping_answer_ends_by_the_deadline_and_the_status_is_journaled(
     """A 200 whose body trickles in a byte every 50 ms: each read is quick, so only an overall
     bound ends the request. Its status stays in the journal."""
     from lifeguard.guardian import rest
-    from lifeguard.guardian.journal import Journal
+    from lifeguard.journal import Journal
 
     answerer = Answerer(server.port, mode="drip")
     try:
@@ -436,7 +436,7 @@ def test_a_redirect_to_another_origin_is_a_failure_and_gets_no_credentials(
     """MLflow's client would drop the token and read the stranger's ``{}`` as "no runs": the
     status would be lost in silence. The guardian neither sends the token nor believes it."""
     from lifeguard.guardian import rest
-    from lifeguard.guardian.journal import Journal
+    from lifeguard.journal import Journal
 
     monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", TOKEN)
     stranger = Answerer(mode="empty")

@@ -223,7 +223,7 @@ def test_a_requeued_job_s_replay_leaves_the_run_it_resumed_alone(store: Store) -
     """Job 1 journaled KILLED and died before writing it; job 2 (the requeue) resumes the run.
     Job 2's own install() replays the journal in the background: before, the replay ended the
     live resumed run KILLED, and "never overwrite" then kept that over job 2's FINISHED."""
-    from lifeguard.guardian.journal import Entry, Journal
+    from lifeguard.journal import Entry, Journal
     from tests.conftest import wait_gone
 
     run_id = orphan_run(store)
@@ -257,7 +257,7 @@ import json, os, sys, time
 import lifeguard
 lifeguard.install(watchdog=True, heartbeat=0)
 import mlflow
-from lifeguard.guardian.journal import Entry, Journal
+from lifeguard.journal import Entry, Journal
 run = mlflow.start_run()
 # Its finalization journaled the run's ending, then was cut short (a SIGKILL at the end of the
 # grace period): the watchdog has the entry to write.

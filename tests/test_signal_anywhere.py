@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from lifeguard.demo import ChildResult, run_child
-from lifeguard.guardian.journal import REPLAY_STAMP
+from lifeguard.journal import REPLAY_STAMP
 from tests.conftest import CHILD_TIMEOUT, REPO, Store, child_env, without_and_with
 
 pytestmark = pytest.mark.slow

@@ -16,7 +16,7 @@ import pytest
 from mlflow.exceptions import MlflowException
 
 from lifeguard.backends.mlflow import runs, sql
-from lifeguard.guardian.journal import Entry
+from lifeguard.journal import Entry
 from tests.conftest import REPO, Store, child_env, without_and_with
 
 TAGS = {"lifeguard.outcome": "signal", "lifeguard.reason": "SIGTERM", "lifeguard.signal": "SIGTERM"}
@@ -123,7 +123,7 @@ def test_apply_journals_an_entry_whose_store_stays_locked(store: Store, tmp_path
     """Through ``runs.apply``, as the finalizer calls it: the write that could not get the lock
     is kept in the journal (nothing lost), and the replay writes it once the lock is gone."""
     from lifeguard import finalizers
-    from lifeguard.guardian.journal import Journal
+    from lifeguard.journal import Journal
 
     run_id = new_run(store)
     journal = Journal(tmp_path / "journal")

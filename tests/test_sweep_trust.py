@@ -30,7 +30,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from lifeguard import cli
-from lifeguard.guardian.journal import Entry
+from lifeguard.journal import Entry
 from lifeguard.owner import Owner, process_start_time
 from tests.conftest import CHILDREN, Store, wait_gone
 from tests.servers import MlflowServer, free_port
@@ -363,7 +363,7 @@ def test_no_secret_when_the_final_write_fails_in_process(
 def test_no_secret_from_a_sweep_of_a_dead_or_refusing_server(
     server: MlflowServer, tmp_path: Path
 ) -> None:
-    from lifeguard.guardian.journal import Journal
+    from lifeguard.journal import Journal
 
     # A process that is gone: it journaled statuses, and owns a run.
     sleeper = subprocess.Popen(["sleep", "600"])

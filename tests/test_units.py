@@ -458,13 +458,6 @@ def test_bad_ranks_are_named(bad: object) -> None:
         Registry().add(print, ranks=bad)
 
 
-def test_install_checks_the_guardian_variable_the_channel_uses() -> None:
-    from lifeguard import api
-    from lifeguard.guardian import channel
-
-    assert api.GUARDIAN_ENV == channel.ENV
-
-
 # -- the generic tracker adapter and the built-in order -----------------------------------------
 
 
@@ -533,7 +526,7 @@ def test_builtin_finalizers_run_in_the_documented_order() -> None:
         """
     )
     assert result.returncode == 0, result.stderr
-    from lifeguard.backends import RUN_ORDER
+    from lifeguard.names import RUN_ORDER
 
     assert result.stdout.split() == ["user", *RUN_ORDER]
     assert RUN_ORDER == ("tensorboard", "mlflow", "wandb", "swanlab", "trackio", "clearml")
@@ -580,9 +573,9 @@ def test_unused_builtin_finalizers_take_no_share_of_the_deadline() -> None:
 
 
 def test_every_backend_module_lies_in_a_package_the_signal_path_waits_for() -> None:
-    """signals._is_tracker decides, from backends.PACKAGES, whether the main thread is inside a
+    """signals._is_tracker decides, from names.PACKAGES, whether the main thread is inside a
     tracker; a backend missing there would be interrupted holding its locks."""
-    from lifeguard.backends import MODULES, PACKAGES
+    from lifeguard.names import MODULES, PACKAGES
     from lifeguard.signals import _is_tracker
 
     for modules in MODULES.values():

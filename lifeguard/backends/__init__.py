@@ -14,41 +14,15 @@ The built-in finalizers run in this order, after every finalizer the program reg
 
 from __future__ import annotations
 
+from lifeguard.names import MODULES
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from lifeguard.outcome import Outcome
 
-__all__ = ["MODULES", "PACKAGES", "RUN_ORDER", "load"]
-
-RUN_ORDER: tuple[str, ...] = ("tensorboard", "mlflow", "wandb", "swanlab", "trackio", "clearml")
-
-# name -> the modules whose presence in sys.modules means the program uses that tracker. Each
-# one's finalizer is lifeguard.backends.<name>.finalize. MLflow's needs install()'s options, so
-# api.install() builds it itself.
-MODULES = {
-    "tensorboard": ("torch.utils.tensorboard.writer", "tensorboardX.writer"),
-    "wandb": ("wandb",),
-    "swanlab": ("swanlab",),
-    "trackio": ("trackio",),
-    "clearml": ("clearml",),
-}
-
-
-# The packages whose code the finalizers call into (mlflow's and every backend's tracker). A
-# signal that interrupts the main thread inside one of them lets that call finish before the
-# finalizers run: it may hold the very lock they need (lifeguard.signals). Every module in
-# MODULES lies under one of these (tests/test_units.py checks).
-PACKAGES: tuple[str, ...] = (
-    "mlflow",
-    "torch.utils.tensorboard",
-    "tensorboardX",
-    "wandb",
-    "swanlab",
-    "trackio",
-    "clearml",
-)
+__all__ = ["load"]
 
 
 def load(name: str) -> Callable[[Outcome], object]:

@@ -27,7 +27,7 @@ TEXT_TAG = "lifeguard/outcome"
 
 def open_writers() -> list[object]:
     """Every SummaryWriter (or subclass) alive in this process and not yet closed."""
-    from lifeguard.backends import MODULES
+    from lifeguard.names import MODULES
 
     classes: list[type] = []
     for name in MODULES["tensorboard"]:  # the modules that define a SummaryWriter

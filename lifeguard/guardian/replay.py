@@ -26,7 +26,7 @@ def main() -> int:
     import time
 
     from lifeguard.backends.mlflow.heartbeat import ADOPT_EVERY
-    from lifeguard.guardian.journal import Journal
+    from lifeguard.journal import Journal
 
     time.sleep(2 * ADOPT_EVERY)
     journal = Journal()

@@ -34,9 +34,10 @@ import os
 import time
 
 # Results: the journal's, the same as lifeguard.backends.mlflow.runs (which imports mlflow).
-from lifeguard.guardian.journal import ALREADY_ENDED, ENDED, after_failed_write
-from lifeguard.guardian.journal import FAILED as FAILED
-from lifeguard.guardian.journal import JOURNALED as JOURNALED
+from lifeguard.journal import ALREADY_ENDED, ENDED, after_failed_write
+from lifeguard.journal import FAILED as FAILED
+from lifeguard.journal import JOURNALED as JOURNALED
+from lifeguard.names import TAG_ENDED_BY
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
     import ssl
     from collections.abc import Iterator
 
-    from lifeguard.guardian.journal import Entry, Journal
+    from lifeguard.journal import Entry, Journal
     from lifeguard.outcome import Outcome
     from lifeguard.owner import Owner
 
@@ -61,7 +62,6 @@ API = "/api/2.0/mlflow/"
 RUNNING = "RUNNING"
 PAGE = 1000
 EXPERIMENTS_PER_SEARCH = 100
-TAG_ENDED_BY = "lifeguard.ended_by"
 # The plug-in groups through which MLflow's client adds headers or auth we cannot know.
 PLUGIN_GROUPS = ("mlflow.request_header_provider", "mlflow.request_auth_provider")
 # The smallest timeout worth trying a request with: less fails on a loaded machine anyway.
@@ -162,7 +162,7 @@ def warm() -> None:
     import urllib.parse
     import urllib.request  # noqa: F401
 
-    import lifeguard.guardian.journal
+    import lifeguard.journal
     import lifeguard.outcome  # noqa: F401
 
     _plugin_reason()
@@ -565,7 +565,7 @@ class RestStore:
         ``seen_running``: a ``runs/search`` filtered on RUNNING just returned it, which is the
         check (the owner is dead; only another guardian could end it in between, and would
         write the same truth)."""
-        from lifeguard.guardian.journal import Entry
+        from lifeguard.journal import Entry
 
         tags = {**outcome.tags(), TAG_ENDED_BY: ended_by}
         entry = Entry(

@@ -27,8 +27,9 @@ import subprocess
 import sys
 
 from lifeguard._fds import out_of_the_way
-from lifeguard.guardian.channel import ENV, SUPERVISOR, Channel
+from lifeguard.channel import SUPERVISOR, Channel
 from lifeguard.guardian.watchdog import Evidence, decide, finalize_leftovers, wait_for_exit
+from lifeguard.names import GUARDIAN_ENV
 from lifeguard.outcome import Outcome
 from lifeguard.signals import die_by_signal
 
@@ -54,7 +55,7 @@ AUTOBOOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 
 def child_environment(channel: Channel, deadline: float | None) -> dict[str, str]:
     env = dict(os.environ)
-    env[ENV] = channel.env_value()
+    env[GUARDIAN_ENV] = channel.env_value()
     env["LIFEGUARD_AUTOINSTALL"] = "1"
     if deadline is not None:
         env["LIFEGUARD_DEADLINE"] = str(deadline)

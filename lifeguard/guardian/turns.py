@@ -28,7 +28,7 @@ import random
 import time
 
 from lifeguard._log import logger as _log
-from lifeguard.guardian.journal import untrusted_directory
+from lifeguard.journal import untrusted_directory
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

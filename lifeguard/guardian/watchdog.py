@@ -25,14 +25,15 @@ import signal
 import sys
 import time
 
-from lifeguard.guardian.channel import ENV, WATCHDOG, Channel, Message, parse_line
+from lifeguard.channel import WATCHDOG, Channel, Message, parse_line
+from lifeguard.names import GUARDIAN_ENV
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
 
     from lifeguard.guardian import rest
-    from lifeguard.guardian.journal import Entry, Journal
+    from lifeguard.journal import Entry, Journal
     from lifeguard.outcome import Outcome
     from lifeguard.owner import Owner
 
@@ -61,7 +62,7 @@ def start(deadline: float) -> tuple[Channel, int]:
             stdout=subprocess.PIPE,
             start_new_session=True,
             # The watchdog must not think it is supervised by our own channel.
-            env={k: v for k, v in os.environ.items() if k != ENV},
+            env={k: v for k, v in os.environ.items() if k != GUARDIAN_ENV},
         )
         # The launcher forks the watchdog and exits at once (see _detach): read its pid, reap
         # the launcher, and leave no child of ours behind.
@@ -237,7 +238,7 @@ class _MlflowStore:
         try:
             client = self.client
         except Exception as exc:  # noqa: BLE001 - the store cannot be opened now: journal it
-            from lifeguard.guardian.journal import after_failed_write
+            from lifeguard.journal import after_failed_write
 
             return after_failed_write(journal, entry, self.tracking_uri, exc)
         return str(self.runs.apply(client, entry, journal=journal, write_ahead=write_ahead))
@@ -254,9 +255,10 @@ class _MlflowStore:
         try:
             client = self.client
         except Exception as exc:  # noqa: BLE001 - the store cannot be opened now: journal it
-            from lifeguard.guardian.journal import Entry, after_failed_write
+            from lifeguard.journal import Entry, after_failed_write
+            from lifeguard.names import TAG_ENDED_BY
 
-            tags = {**outcome.tags(), self.runs.TAG_ENDED_BY: ended_by}
+            tags = {**outcome.tags(), TAG_ENDED_BY: ended_by}
             entry = Entry(
                 run_id, self.tracking_uri, outcome.status.value, int(outcome.time * 1000), tags
             )
@@ -343,8 +345,8 @@ def finalize_leftovers(
     import contextlib
     import socket
 
-    from lifeguard.guardian.journal import SUPERSEDED, Journal
     from lifeguard.guardian.turns import turn
+    from lifeguard.journal import SUPERSEDED, Journal
     from lifeguard.owner import Owner
 
     results: dict[str, str] = {}

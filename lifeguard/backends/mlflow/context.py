@@ -17,43 +17,19 @@ import sys
 
 from mlflow.tracking.context.abstract_context import RunContextProvider
 
-from lifeguard.backends.mlflow.heartbeat import TAG_HEARTBEAT, now_ms, start_for
+from lifeguard.backends.mlflow import active
+from lifeguard.backends.mlflow.heartbeat import now_ms, start_for
 from lifeguard.lifecycle import current
+from lifeguard.names import TAG_HEARTBEAT
 from lifeguard.owner import Owner
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable
     from types import FrameType
 
 __all__ = ["OwnerRunContext"]
 
 _owner: Owner | None = None
-# The pid that resolved context tags outside mlflow.start_run (Lightning's MLFlowLogger does,
-# then calls MlflowClient.create_run): such runs are on no active-run stack, so the finalizer
-# and the heartbeat find them by their owner tags. None: every run came from start_run.
-created_outside_fluent: int | None = None
-
-
-def created_outside_fluent_here() -> bool:
-    """Whether this process created runs that only a search by owner tags can find."""
-    return created_outside_fluent == os.getpid()
-
-
-def runs_created_outside_fluent(
-    client: object, me: Owner, known: Iterable[str], *, search: bool = False
-) -> list[str]:
-    """The RUNNING runs this process created that are on no active-run stack (found by their
-    owner tags, one search), besides ``known``: those made with ``MlflowClient.create_run``, or
-    (with ``search``) one that an interrupted ``start_run``/``end_run`` left off its stack. []
-    without a search in a process that has none. Raises what the search raises."""
-    if not (search or created_outside_fluent_here()):
-        return []
-    from lifeguard.backends.mlflow import runs as mlflow_runs
-
-    known = set(known)
-    found = mlflow_runs.find_running_owned_by(client, me)  # type: ignore[arg-type]
-    return [run_id for run_id in found if run_id not in known]
 
 
 def _called_from_start_run() -> bool:
@@ -87,13 +63,13 @@ class OwnerRunContext(RunContextProvider):
         return lifecycle is not None and (lifecycle.is_installed() or lifecycle.is_finalizing())
 
     def tags(self) -> dict[str, str]:
-        global _owner, created_outside_fluent
+        global _owner
         from lifeguard.backends.mlflow import stores
 
         if _called_from_start_run():
             store, stamp = stores.note_start()
         else:
-            created_outside_fluent = os.getpid()
+            active.note_created_outside_fluent()
             store, stamp = stores.current(), str(now_ms())
         lifecycle = current()
         if lifecycle is not None:
@@ -108,22 +84,9 @@ class OwnerRunContext(RunContextProvider):
             start_for(lifecycle.options.heartbeat)
         _preload_exit_path()
         # The first beat rides along with the run's creation: free.
-        tags = {**_owner.tags(), TAG_HEARTBEAT: stamp}
-        warned = preemption_warning_tag()
-        if warned is not None:
-            tags[warned[0]] = warned[1]
-        return tags
-
-
-def preemption_warning_tag() -> tuple[str, str] | None:
-    """(tag, value) when a preemption warning came before this run started: the callbacks ran
-    then, but only runs that existed were tagged. Nothing to look at (and nothing imported)
-    in a program that never called ``on_preemption``."""
-    preemption = sys.modules.get("lifeguard.preemption")
-    if preemption is None:
-        return None
-    value = preemption.warning_received()
-    return None if value is None else (preemption.TAG_WARNING, value)
+        # A preemption warning that came before this run started: the callbacks ran then, but
+        # only runs that existed were tagged.
+        return {**_owner.tags(), TAG_HEARTBEAT: stamp, **active.extra_tags()}
 
 
 def _start_heartbeat_if_installed() -> None:

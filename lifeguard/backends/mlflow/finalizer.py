@@ -12,18 +12,19 @@ from __future__ import annotations
 import sys
 
 from lifeguard._log import logger
+from lifeguard.backends.mlflow import active
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
 
     from lifeguard.backends.mlflow.stores import Store
-    from lifeguard.guardian.channel import Channel
-    from lifeguard.guardian.journal import Entry
+    from lifeguard.channel import Channel
+    from lifeguard.journal import Entry
     from lifeguard.outcome import Outcome
     from lifeguard.owner import Owner
 
-__all__ = ["MlflowFinalizer", "active_runs", "owned_active_runs"]
+__all__ = ["MlflowFinalizer"]
 
 
 class MlflowFinalizer:
@@ -91,8 +92,8 @@ class Plan:
     @classmethod
     def make(cls, fluent: object, outcome: Outcome, finalizer: MlflowFinalizer) -> Plan:
         from lifeguard.backends.mlflow import stores
-        from lifeguard.backends.mlflow.runs import TAG_ENDED_BY
-        from lifeguard.guardian.journal import Entry, Journal
+        from lifeguard.journal import Entry, Journal
+        from lifeguard.names import TAG_ENDED_BY
 
         # Each run is ended in the store it was started in, whatever the tracking URI is now.
         store_of = stores.of_active_runs(fluent)
@@ -104,7 +105,7 @@ class Plan:
         main_runs: list[tuple[list[object], object]] = []
         tags = {**outcome.tags(), TAG_ENDED_BY: "process"}
         end_time = int(outcome.time * 1000)
-        for stack, run in active_runs(fluent):
+        for stack, run in active.active_runs(fluent):
             run_id: str = run.info.run_id  # type: ignore[attr-defined]
             if run_id in skip:
                 logger().debug("lifeguard: leaving run %s alone (not this process's)", run_id)
@@ -139,7 +140,7 @@ class Plan:
 
         from lifeguard.backends.mlflow import runs as mlflow_runs
         from lifeguard.finalizers import PENDING, time_left
-        from lifeguard.guardian.journal import Journal
+        from lifeguard.journal import Journal
         from lifeguard.owner import Owner
 
         fluent = self.fluent
@@ -222,13 +223,13 @@ class Plan:
         the call (it may hold sqlite's lock) and the ender waits for that only so long. A run
         it pushed after the plan was made is ended too (journaled first, like the others)."""
         from lifeguard.backends.mlflow import stores
-        from lifeguard.backends.mlflow.runs import TAG_ENDED_BY
-        from lifeguard.guardian.journal import Entry, Journal
+        from lifeguard.journal import Entry, Journal
+        from lifeguard.names import TAG_ENDED_BY
 
         known = {entry.run_id for entry in self.entries}
         late = [
             run
-            for _, run in active_runs(self.fluent)
+            for _, run in active.active_runs(self.fluent)
             if run.info.run_id not in known and run.info.run_id not in self.skip  # type: ignore[attr-defined]
         ]
         if not late:
@@ -428,7 +429,7 @@ def _created_outside_fluent(
     context tags (Lightning's MLFlowLogger), or, with ``search``, one an interrupted
     ``start_run``/``end_run`` left on no stack. A run its creator already ended is no longer
     RUNNING. A failed search is logged, not raised: the other runs still end."""
-    from lifeguard.backends.mlflow.context import runs_created_outside_fluent
+    from lifeguard.backends.mlflow.active import runs_created_outside_fluent
 
     try:
         return runs_created_outside_fluent(client, me, handled, search=search)
@@ -442,32 +443,12 @@ def _created_outside_fluent(
         return []
 
 
-def active_runs(fluent: object) -> list[tuple[list[object], object]]:
-    """(stack, run) for the runs on every thread's active-run stack, newest first. Children
-    start after their parents, so this order ends nested runs before their parents, across
-    threads too (a child run started in a worker thread under the main thread's run)."""
-    stacks: dict[int, list[object]] = fluent._active_run_stack.get_all_thread_values()  # type: ignore[attr-defined]
-    entries = [(stack, run) for stack in stacks.values() for run in list(stack)]
-    entries.sort(key=lambda entry: entry[1].info.start_time or 0, reverse=True)  # type: ignore[attr-defined]
-    return entries
-
-
-def owned_active_runs(fluent: object) -> list[str]:
-    """Ids of the active runs this process would end (the heartbeat's runs)."""
-    from lifeguard.lifecycle import current
-
-    lifecycle = current()
-    finalizer = getattr(lifecycle, "mlflow_finalizer", None) if lifecycle is not None else None
-    skip = frozenset() if finalizer is None else finalizer.inherited | finalizer.attached
-    return [run.info.run_id for _, run in active_runs(fluent) if run.info.run_id not in skip]  # type: ignore[attr-defined]
-
-
 def _supervisor_for(outcome: Outcome) -> Channel | None:
     """The supervisor to hand runs to, when the in-process outcome is only a guess (no hook saw
     the end: `raise SystemExit(n)` looks like a clean return) and a supervisor knows better."""
     if not outcome.assumed:
         return None
-    from lifeguard.guardian.channel import SUPERVISOR
+    from lifeguard.channel import SUPERVISOR
     from lifeguard.lifecycle import current
 
     lifecycle = current()

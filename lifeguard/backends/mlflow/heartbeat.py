@@ -25,14 +25,15 @@ import threading
 import time
 
 from lifeguard._log import logger
+from lifeguard.backends.mlflow import active
+from lifeguard.names import TAG_HEARTBEAT
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from lifeguard.backends.mlflow.stores import Store
 
-__all__ = ["DEFAULT_INTERVAL", "TAG_HEARTBEAT", "Heartbeat", "heartbeat", "now_ms", "start_for"]
+__all__ = ["DEFAULT_INTERVAL", "Heartbeat", "heartbeat", "now_ms", "start_for"]
 
-TAG_HEARTBEAT = "lifeguard.heartbeat"
 DEFAULT_INTERVAL = 60.0
 # How often the thread looks for resumed runs to adopt (in memory: a few dict lookups).
 ADOPT_EVERY = 1.0
@@ -88,14 +89,13 @@ class Heartbeat:
         fluent = sys.modules.get("mlflow.tracking.fluent")
         if fluent is None:
             return []
-        from lifeguard.backends.mlflow.finalizer import active_runs, owned_active_runs
         from lifeguard.owner import Owner
 
         try:
-            entries = active_runs(fluent)
+            entries = active.active_runs(fluent)
             if not entries:
                 return []
-            mine = set(owned_active_runs(fluent))
+            mine = set(active.owned_active_runs(fluent))
         except Exception:  # noqa: BLE001 - MLflow's internals moved: adopt nothing
             return []
         me = Owner.current()
@@ -117,8 +117,7 @@ class Heartbeat:
         from mlflow.tracking import MlflowClient
 
         from lifeguard.backends.mlflow import stores
-        from lifeguard.backends.mlflow.context import runs_created_outside_fluent
-        from lifeguard.backends.mlflow.finalizer import owned_active_runs
+        from lifeguard.backends.mlflow.active import owned_active_runs, runs_created_outside_fluent
         from lifeguard.owner import Owner
 
         beaten = 0
@@ -140,12 +139,9 @@ class Heartbeat:
             if resumed:
                 from mlflow.entities import RunTag
 
-                owner_tags = [RunTag(k, v) for k, v in Owner.current().tags().items()]
-                from lifeguard.backends.mlflow.context import preemption_warning_tag
-
-                warned = preemption_warning_tag()
-                if warned is not None:  # a warning that came before the resume
-                    owner_tags.append(RunTag(*warned))
+                # With the owner: a preemption warning that came before the resume.
+                tags = {**Owner.current().tags(), **active.extra_tags()}
+                owner_tags = [RunTag(k, v) for k, v in tags.items()]
                 for run in resumed:
                     run_id = run.info.run_id  # type: ignore[attr-defined]
                     # Resumed where the program points now: that is the store it resumed in.

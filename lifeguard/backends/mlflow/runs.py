@@ -13,7 +13,7 @@ from mlflow.entities import RunTag, ViewType
 from mlflow.tracking import MlflowClient
 
 from lifeguard._log import logger
-from lifeguard.guardian.journal import (
+from lifeguard.journal import (
     ALREADY_ENDED,
     ENDED,
     FAILED,
@@ -24,6 +24,7 @@ from lifeguard.guardian.journal import (
     after_failed_write,
     redact_uri,
 )
+from lifeguard.names import TAG_ENDED_BY
 from lifeguard.owner import TAG_PID, Owner
 
 TYPE_CHECKING = False
@@ -41,7 +42,6 @@ __all__ = [
     "JOURNALED",
     "RUNNING",
     "SUPERSEDED",
-    "TAG_ENDED_BY",
     "bounded_http",
     "find_running_owned_by",
     "replay_journal",
@@ -51,7 +51,6 @@ __all__ = [
 RUNNING = "RUNNING"
 PAGE = 1000  # runs per search request
 EXPERIMENTS_PER_SEARCH = 100
-TAG_ENDED_BY = "lifeguard.ended_by"
 
 # Results of terminate() / replay, besides the journal's (ENDED, ALREADY_ENDED, ...).
 

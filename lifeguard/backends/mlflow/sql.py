@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from mlflow.tracking import MlflowClient
 
-    from lifeguard.guardian.journal import Entry
+    from lifeguard.journal import Entry
 
 __all__ = ["end"]
 

@@ -21,6 +21,7 @@ import threading
 import time
 from typing import NamedTuple
 
+from lifeguard.names import TAG_HEARTBEAT
 from lifeguard.owner import TAG_PID
 
 __all__ = ["Store", "absolute", "current", "note_resumed", "note_start", "of_active_runs"]
@@ -88,8 +89,6 @@ def note_resumed(run_id: str, store: Store) -> None:
 
 def of_active_runs(fluent: object) -> dict[str, Store]:
     """run id -> store, for every run on every thread's active-run stack."""
-    from lifeguard.backends.mlflow.heartbeat import TAG_HEARTBEAT
-
     stacks: dict[int, list[object]] = fluent._active_run_stack.get_all_thread_values()  # type: ignore[attr-defined]
     fallback: Store | None = None
     found: dict[str, Store] = {}

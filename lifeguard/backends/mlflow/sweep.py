@@ -22,12 +22,12 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from lifeguard.backends.mlflow.runs import (
-    TAG_ENDED_BY,
     all_experiment_ids,
     environment,
     iter_running,
 )
-from lifeguard.guardian.journal import Journal
+from lifeguard.journal import Journal
+from lifeguard.names import TAG_ENDED_BY
 from lifeguard.owner import Owner
 from lifeguard.redact import redact, redact_uri
 from lifeguard.sweep import END, Decision, RunFacts, Sightings, decide

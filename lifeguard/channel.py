@@ -23,9 +23,10 @@ from __future__ import annotations
 import os
 import stat
 
-__all__ = ["CRASHES", "ENV", "Channel", "Message", "parse_line"]
+from lifeguard.names import GUARDIAN_ENV
 
-ENV = "LIFEGUARD_GUARDIAN"
+__all__ = ["CRASHES", "Channel", "Message", "parse_line"]
+
 WATCHDOG = "watchdog"
 SUPERVISOR = "supervisor"
 
@@ -52,7 +53,7 @@ class Channel:
     @classmethod
     def from_env(cls, environ: dict[str, str] | os._Environ[str] | None = None) -> Channel | None:
         """The channel a supervisor handed down, if its fd is really that pipe in this process."""
-        value = (os.environ if environ is None else environ).get(ENV)
+        value = (os.environ if environ is None else environ).get(GUARDIAN_ENV)
         if not value:
             return None
         try:
@@ -85,7 +86,7 @@ class Channel:
             return False
 
     def send_uri(self, uri: str) -> None:
-        from lifeguard.guardian.journal import redact_uri
+        from lifeguard.journal import redact_uri
 
         uri = redact_uri(uri)
         key = f"{os.getpid()} {uri}"
@@ -95,7 +96,7 @@ class Channel:
 
     def defer(self, uri: str, run_ids: list[str]) -> bool:
         """Hand ``run_ids``, all of the store at ``uri``, to the guardian (``defer-at``)."""
-        from lifeguard.guardian.journal import redact_uri
+        from lifeguard.journal import redact_uri
 
         return self.send("defer-at", f"{redact_uri(uri)} {' '.join(run_ids)}")
 
