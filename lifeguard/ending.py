@@ -17,12 +17,16 @@ event is how the process ends only if nothing carried on after it:
   as a script's uncaught one: what it shows is recognised by the REPL itself (``sys.ps1``, which
   it sets, or ``python -i``, after whose script it starts).
 
-Nothing here is imported before the program ends, or an exit call or exception is seen.
+Nothing here is imported before the program ends, or an exit call or exception is seen; and
+noting an event imports nothing more (the Outcome is built at exit): importing ``enum`` for the
+first time execs code, which resets CPython's record that an uncaught KeyboardInterrupt is
+ending the process (hooks.py), and a REPL's record of an interrupted statement with it.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -30,28 +34,44 @@ if TYPE_CHECKING:
 
     from lifeguard.outcome import Outcome
 
-__all__ = ["Event", "bottom_frame", "final"]
+__all__ = ["Event", "bottom_frame", "final", "returned"]
 
 
 class Event:
-    """An exit call or an exception the hooks saw, and the frame whose end says whether it ended
-    the program: the bottom frame when it was seen (an exit call), or the outermost frame the
-    exception reached (its traceback's first)."""
+    """An exit call or an exception the hooks saw, when, and the frame whose end says whether it
+    ended the program: the bottom frame when it was seen (an exit call), or the outermost frame
+    the exception reached (its traceback's first)."""
 
-    __slots__ = ("exception", "frame", "outcome")
+    __slots__ = ("code", "exception", "frame", "time")
 
     def __init__(
-        self, outcome: Outcome, frame: FrameType | None, exception: BaseException | None = None
+        self,
+        frame: FrameType | None,
+        *,
+        code: object = None,
+        exception: BaseException | None = None,
+        at: float | None = None,
     ) -> None:
-        self.outcome = outcome
         self.frame = frame
+        self.code = code
         self.exception = exception
+        self.time = time.time() if at is None else at
+
+    @classmethod
+    def of_exit(cls, code: object) -> Event:
+        return cls(bottom_frame(), code=code)
 
     @classmethod
     def of_exception(cls, exc: BaseException, tb: TracebackType | None) -> Event:
+        return cls(tb.tb_frame if tb is not None else None, exception=exc)
+
+    @property
+    def outcome(self) -> Outcome:
         from lifeguard.outcome import Outcome
 
-        return cls(Outcome.raised(exc), tb.tb_frame if tb is not None else None, exc)
+        if self.exception is not None:
+            return Outcome.raised(self.exception, at=self.time)
+        return Outcome.exited(self.code, at=self.time)
 
     def ended_the_program(self) -> bool:
         """At exit: whether this event is how the program ended. An exception with no frame at
@@ -104,11 +124,11 @@ def _shown_by_the_repl(frame: FrameType | None) -> bool:
     return hasattr(sys, "ps1") and (frame is None or frame.f_code.co_filename == "<stdin>")
 
 
-def final(noted: list[Event]) -> Event:
+def final(noted: list[Event]) -> Event | None:
     """At exit: the event the program ended with. The latest one the hooks noted that ended the
-    program; else an uncaught exception the excepthook did not see; else a return (exit 0)."""
-    from lifeguard.outcome import Outcome
-
+    program; else an uncaught exception the excepthook did not see; else None: the program
+    returned, or a session closed, or something bypassed every hook (exit 0, see
+    :func:`returned`)."""
     for event in reversed(noted):
         if event.ended_the_program():
             return event
@@ -121,8 +141,15 @@ def final(noted: list[Event]) -> Event:
         event = Event.of_exception(last, last.__traceback__)
         if event.ended_the_program():
             return event
-    # A bare `raise SystemExit(n)` also lands here: invisible in-process on 3.11 (README,
-    # Limitations); `lifeguard run` knows the real status, hence "assumed".
+    return None
+
+
+def returned() -> Outcome:
+    """The outcome of a program that no event ended: a return, exit 0. A bare
+    ``raise SystemExit(n)`` also lands here: invisible in-process on 3.11 (docs/limitations.md);
+    ``lifeguard run`` knows the real status, hence "assumed"."""
+    from lifeguard.outcome import Outcome
+
     outcome = Outcome.exited(0)
     outcome.assumed = True
-    return Event(outcome, None)
+    return outcome

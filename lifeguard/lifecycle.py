@@ -115,12 +115,11 @@ class Lifecycle:
     # -- events from the hooks -------------------------------------------------------------------
 
     def note_exit(self, code: object, caller: object = None) -> None:
-        from lifeguard.ending import Event, bottom_frame
-        from lifeguard.outcome import Outcome
+        from lifeguard.ending import Event
 
         # Whether this exit ends the program is known only at exit: the program may catch the
         # SystemExit and carry on (lifeguard.ending).
-        self._note(Event(Outcome.exited(code), bottom_frame()))
+        self._note(Event.of_exit(code))
         # SystemExit unwinds the stack and CPython clears it before atexit runs: every object
         # the program's frames held is collected then, and a __del__ that ends a run (the
         # HuggingFace MLflowCallback's, verl's Tracking) would end it FINISHED before lifeguard
@@ -161,22 +160,32 @@ class Lifecycle:
                 # process dies of that signal, not of this exit.
                 self.hooks.signals.die_if_ending()
                 if self.phase == Phase.INSTALLED:
-                    if not self.registry.has_work():
-                        # Nothing to end (no tracker imported, no finalizer of the program's):
-                        # no outcome to build, and none of the imports that would cost.
-                        self._skip()
-                    else:
-                        from lifeguard.ending import final
-
-                        self.exiting = True
-                        # Before any finalizer thread imports what it needs (again: threading's
-                        # shutdown may not have called us, and a no-op if it did).
-                        self._release_stranded_imports()
-                        event = final(self.events)
-                        self.exit_exception = event.exception
-                        self.finalize(event.outcome)
+                    self._end_at_exit()
         finally:
             self.keep_alive = None  # the program's own __del__ cleanups may run now
+
+    def _end_at_exit(self) -> None:
+        has_work = self.registry.has_work()
+        event = None
+        if self.events or has_work:
+            from lifeguard.ending import final
+
+            # Asked whenever the hooks saw an event, work or not: CPython's Ctrl-C exit is kept
+            # for an uncaught KeyboardInterrupt (hooks.py), and only for one.
+            event = final(self.events)
+            self.exit_exception = event.exception if event is not None else None
+        if not has_work:
+            # Nothing to end (no tracker imported, no finalizer of the program's, no run open):
+            # no outcome to build, and none of the imports that would cost.
+            self._skip()
+            return
+        from lifeguard.ending import returned
+
+        self.exiting = True
+        # Before any finalizer thread imports what it needs (again: threading's shutdown may not
+        # have called us, and a no-op if it did).
+        self._release_stranded_imports()
+        self.finalize(event.outcome if event is not None else returned())
 
     def _release_stranded_imports(self) -> None:
         from lifeguard.importlocks import release_stranded

@@ -174,6 +174,7 @@ def test_a_planted_fallback_directory_is_not_used(store: Store, tmp_path: Path) 
     assert result.stderr == ""  # the store write succeeded: nothing lost, nothing said
     assert store.status(str(result.ready["run_id"])) == "KILLED"
     assert list(planted.iterdir()) == []
+    assert not home.exists()
 
 
 def _unshare_works() -> bool:
