@@ -19,10 +19,15 @@
    the process at once, and the statuses land afterwards from the journal or the watchdog.
 
 The Python-level handler, run by the main thread when it gets to it, only makes sure the ender
-has started (the wakeup fd may have been taken by another library, e.g. asyncio) and parks.
-Signals whose previous handler was a Python callable (the program's own, Ray's,
-``default_int_handler``) are the main thread's business: that handler is called there, as it
-would have been without lifeguard (see ``_chain``). An ignored signal is not hooked at all.
+has started and parks. Signals whose previous handler was a Python callable (the program's own,
+Ray's) are the main thread's business: that handler is called there, as it would have been
+without lifeguard (see ``_chain``). Python's own ``default_int_handler`` is not even replaced:
+Ctrl-C raises KeyboardInterrupt exactly as without lifeguard (asyncio.run, a REPL and a Jupyter
+kernel look for that handler), and the hooks see it only if it ends the program
+(``lifeguard.ending``); lifeguard's handler stands in for it only while finalizing (``guard``).
+An ignored signal is not hooked at all. A signal a library hands back to its default action
+(asyncio's loop, closing) is lifeguard's again, and the wakeup fd the program sets is its own
+view: the listener keeps the interpreter's (``_wrap_dispositions``).
 """
 
 from __future__ import annotations
