@@ -3,19 +3,23 @@
 The hooks see events as they happen: a ``sys.exit`` call, an exception the interpreter prints. An
 event is how the process ends only if nothing carried on after it:
 
-- **A script** ends with an exit call or an uncaught exception only if that one left the
-  program's bottom frame (the ``__main__`` module's, or runpy's under ``-m``). A
-  ``KeyboardInterrupt`` or ``SystemExit`` the program caught, an error that C code printed and
-  survived (``PyRun_SimpleString``), an exit a framework swallowed: after each the bottom frame
-  ran on and returned, and the program's ending is that return. Which is checked at exit, when
-  every frame is done: the bottom frame's last instruction is a return or it is not.
+- **A script** ends with an exit call only if its SystemExit left every frame between the call
+  and the program's top level (the ``__main__`` module's code, or runpy's under ``-m``), and
+  with an exception only if it left that top level. A ``KeyboardInterrupt`` or ``SystemExit``
+  the program caught, argparse's exit caught in ``main()``, an exit 0 a wrapper swallowed, an
+  error C code printed and survived: after each, a frame ran on and returned, and the program's
+  ending is its own. Which is checked at exit, when every frame is done: a frame's last
+  instruction is a return, or it is not (one that an exception left stops at the call or raise
+  it came through; a ``finally`` or ``with`` that re-raises puts it back there).
 - **An interactive session** shows an error or an interrupt and carries on: none of them is how
   it ends. It ends cleanly (Ctrl-D, ``exit()``, a kernel's shutdown) unless ``exit(n)`` says
   otherwise. IPython, a Jupyter kernel and ``code.interact`` run each cell or statement from
   frames of their own, so the rule above already sees them carry on. CPython's own REPL runs
-  each statement as a bottom frame of its own (``<stdin>``) and prints its error from C, exactly
-  as a script's uncaught one: what it shows is recognised by the REPL itself (``sys.ps1``, which
-  it sets, or ``python -i``, after whose script it starts).
+  each statement as a top-level frame of its own (``<stdin>``) and prints its error from C,
+  exactly as a script's uncaught one: what it shows is recognised by the REPL itself
+  (``sys.ps1``, which it sets; ``python -i`` or ``PYTHONINSPECT``, after whose script it starts).
+- **An exit hook** (an atexit callback) that calls ``sys.exit`` changes nothing of the process's
+  exit: its frame is not the program's top level.
 
 Nothing here is imported before the program ends, or an exit call or exception is seen; and
 noting an event imports nothing more (the Outcome is built at exit): importing ``enum`` for the
@@ -25,6 +29,7 @@ ending the process (hooks.py), and a REPL's record of an interrupted statement w
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -34,36 +39,46 @@ if TYPE_CHECKING:
 
     from lifeguard.outcome import Outcome
 
-__all__ = ["Event", "bottom_frame", "final", "returned"]
+__all__ = ["Event", "at_top_level", "final", "returned", "shown_and_carried_on", "stack"]
 
 
 class Event:
-    """An exit call or an exception the hooks saw, when, and the frame whose end says whether it
-    ended the program: the bottom frame when it was seen (an exit call), or the outermost frame
-    the exception reached (its traceback's first)."""
+    """An exit call or an exception the hooks saw, and when. ``frames`` are what say, at exit,
+    whether it ended the program: for an exit, every frame from where its SystemExit was raised
+    down to the bottom of the stack; for an exception, the outermost frame it reached (its
+    traceback's first)."""
 
-    __slots__ = ("code", "exception", "frame", "time")
+    __slots__ = ("code", "exception", "frames", "signum", "time")
 
     def __init__(
         self,
-        frame: FrameType | None,
+        frames: list[FrameType],
         *,
         code: object = None,
         exception: BaseException | None = None,
-        at: float | None = None,
+        signum: int | None = None,
     ) -> None:
-        self.frame = frame
+        self.frames = frames
         self.code = code
         self.exception = exception
-        self.time = time.time() if at is None else at
+        self.signum = signum
+        self.time = time.time()
 
     @classmethod
-    def of_exit(cls, code: object) -> Event:
-        return cls(bottom_frame(), code=code)
+    def of_exit(cls, code: object, caller: FrameType) -> Event:
+        """``sys.exit(code)`` called from ``caller``."""
+        return cls(stack(caller), code=code)
+
+    @classmethod
+    def of_signal_exit(cls, signum: int, interrupted: FrameType) -> Event:
+        """A handler of the program's for ``signum`` raised SystemExit (Ray's does, a graceful
+        ``sys.exit(143)`` does) into the code the signal ``interrupted``: that signal's ending,
+        if the SystemExit ends the program."""
+        return cls(stack(interrupted), signum=signum)
 
     @classmethod
     def of_exception(cls, exc: BaseException, tb: TracebackType | None) -> Event:
-        return cls(tb.tb_frame if tb is not None else None, exception=exc)
+        return cls([tb.tb_frame] if tb is not None else [], exception=exc)
 
     @property
     def outcome(self) -> Outcome:
@@ -71,26 +86,65 @@ class Event:
 
         if self.exception is not None:
             return Outcome.raised(self.exception, at=self.time)
+        if self.signum is not None:
+            return Outcome.signalled(self.signum, at=self.time)
         return Outcome.exited(self.code, at=self.time)
 
     def ended_the_program(self) -> bool:
-        """At exit: whether this event is how the program ended. An exception with no frame at
-        all (raised before any Python code ran) cannot be checked, and counts."""
-        frame = self.frame
-        if self.exception is not None and _shown_by_the_repl(frame):
+        """At exit: whether this event is how the program ended."""
+        if self.exception is None:  # an exit, by a call or a handler's SystemExit
+            bottom = self.frames[-1] if self.frames else None
+            return (
+                bottom is not None
+                and at_top_level(bottom)
+                and not any(_returned(frame) for frame in self.frames)
+            )
+        outermost = self.frames[0] if self.frames else None
+        if _shown_by_the_repl(outermost):
             return False
-        if frame is None:
+        if outermost is None:
+            # Raised with no frame at all (before any Python code ran): nothing to check.
             return True
-        # Caught by a frame that had a caller: the program went on from there.
-        return frame.f_back is None and not _returned(frame)
+        return at_top_level(outermost) and not _returned(outermost)
 
 
-def bottom_frame() -> FrameType:
-    """The outermost frame of the calling thread: the program's own bottom."""
-    frame = sys._getframe(1)
-    while frame.f_back is not None:
-        frame = frame.f_back
-    return frame
+def shown_and_carried_on(tb: TracebackType | None, beneath: FrameType | None) -> bool:
+    """Whether an exception handed to ``sys.excepthook`` from ``beneath`` (the hook's caller,
+    None when the interpreter calls it) is one the program goes on from: reported by code that
+    still runs the frame it was caught in (``sys.excepthook(*sys.exc_info())`` after an
+    out-of-memory step, before a retry), or shown by CPython's REPL. Such an event is not kept:
+    its traceback holds every local of every frame it unwound."""
+    outermost = tb.tb_frame if tb is not None else None
+    if _shown_by_the_repl(outermost):
+        return True
+    running = beneath
+    while running is not None:
+        if running is outermost:
+            return True
+        running = running.f_back
+    return False
+
+
+def stack(frame: FrameType) -> list[FrameType]:
+    """``frame`` and every frame under it, down to the bottom of its thread's stack."""
+    frames = []
+    below: FrameType | None = frame
+    while below is not None:
+        frames.append(below)
+        below = below.f_back
+    return frames
+
+
+def at_top_level(frame: FrameType) -> bool:
+    """Whether ``frame`` is the bottom of the main thread's stack as the interpreter runs a
+    program: a module's code (a script, ``-c``, a REPL statement) or runpy's (``-m``). Not an
+    exit hook (atexit calls it from C, with nothing under it)."""
+    if frame.f_back is not None:
+        return False
+    code = frame.f_code
+    return code.co_name == "<module>" or (
+        code.co_name == "_run_module_as_main" and frame.f_globals.get("__name__") == "runpy"
+    )
 
 
 # The opcodes a frame returns with (RETURN_CONST from 3.12 on). Looked up when first needed.
@@ -99,8 +153,7 @@ _RETURNS: frozenset[int] | None = None
 
 def _returned(frame: FrameType) -> bool:
     """Whether a finished frame ended by returning (rather than by an exception): its last
-    instruction. A frame an exception left stops at the call or raise it came through; a
-    ``finally`` or ``with`` that re-raises puts the frame back at that instruction."""
+    instruction."""
     global _RETURNS
     if _RETURNS is None:
         import opcode
@@ -114,13 +167,23 @@ def _returned(frame: FrameType) -> bool:
 
 
 def _shown_by_the_repl(frame: FrameType | None) -> bool:
-    """Whether CPython's REPL showed this and carried on: under ``python -i`` everything the
-    script raises is (the REPL starts after it); otherwise what a statement typed at the prompt
-    raised (its frame is ``<stdin>``'s), or a Ctrl-C at the prompt itself (no frame at all).
-    ``sys.ps1`` says the REPL has started: ``python - < script.py`` runs ``<stdin>`` as a script,
-    whose uncaught exception does end it."""
+    """Whether CPython's REPL showed this and carried on.
+
+    - Under ``python -i``, everything the script raises (the REPL starts after it), and so under
+      ``PYTHONINSPECT`` (set in the environment, or by the program itself, which CPython reads
+      at the end of the script), when stdin is a terminal: the REPL starts then only.
+    - Otherwise what a statement typed at the prompt raised (its frame is ``<stdin>``'s), or a
+      Ctrl-C at the prompt itself (no frame at all). ``sys.ps1`` says the REPL has started:
+      ``python - < script.py`` runs ``<stdin>`` as a script, whose uncaught exception does end
+      it."""
     if sys.flags.interactive:
         return True
+    if not sys.flags.ignore_environment and os.environ.get("PYTHONINSPECT"):
+        try:
+            if os.isatty(0):
+                return True
+        except OSError:
+            pass
     return hasattr(sys, "ps1") and (frame is None or frame.f_code.co_filename == "<stdin>")
 
 

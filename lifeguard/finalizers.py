@@ -20,7 +20,7 @@ import _thread
 import time
 
 from lifeguard._log import logger
-from lifeguard._threads import take_no_signals
+from lifeguard._threads import take_signals_as_the_program
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -238,7 +238,7 @@ def _run_one(handle: Handle, outcome: Outcome, timeout: float) -> Report:
             _deadlines.pop(ident, None)
 
     def in_a_thread() -> None:
-        take_no_signals()  # inline (below), the main thread keeps its signals
+        take_signals_as_the_program()  # whatever thread starts this one (lifeguard/_threads.py)
         target()
 
     thread = threading.Thread(target=in_a_thread, name=f"lifeguard-finalizer[{handle.name}]")

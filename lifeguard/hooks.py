@@ -17,7 +17,7 @@ from lifeguard.signals import SignalWatch, is_main_thread
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from types import TracebackType
+    from types import FrameType, TracebackType
     from typing import Protocol
 
     from lifeguard.channel import Channel
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
         channel: Channel | None
         exit_exception: BaseException | None
 
-        def note_exit(self, code: object, caller: object = None) -> None: ...
+        def note_exit(self, code: object, caller: FrameType) -> None: ...
         def note_exception(self, exc: BaseException, tb: TracebackType | None) -> None: ...
         def on_threading_shutdown(self) -> None: ...
         def on_interpreter_exit(self) -> None: ...
@@ -63,10 +63,10 @@ class _Quitter:
         self._hooks = hooks
 
     def __call__(self, code: object = None) -> object:
-        try:
-            self._hooks.exit_called(code)
-        finally:
-            return self._original(code)  # noqa: B012 - exit as asked, whatever happened above
+        self._hooks.noting_exit(code, sys._getframe(1))
+        with _UNSEEN:
+            self._original(code)
+        return None  # not reached: the call above raises SystemExit
 
     def __repr__(self) -> str:
         return repr(self._original)
@@ -160,7 +160,10 @@ class ProcessHooks:
                 # raised since, in the moments it took, is not the program's ending. Without
                 # lifeguard the signal would have ended it before; so it ends now, unprinted.
                 self.signals.die_if_ending()
-                lifecycle.note_exception(value, tb)
+                from lifeguard.ending import shown_and_carried_on
+
+                if not shown_and_carried_on(tb, sys._getframe(0).f_back):
+                    lifecycle.note_exception(value, tb)
                 self.move_atexit_to_front()
         finally:
             hook = self._saved_excepthook or sys.__excepthook__
@@ -168,22 +171,56 @@ class ProcessHooks:
                 hook(tp, value, _without_own_frames(value, tb))
 
     def _exit(self, code: object = None) -> None:
-        try:
-            self.exit_called(code)
-        finally:
-            # The program asked to exit: it exits, whatever went wrong in lifeguard above.
+        self.noting_exit(code, sys._getframe(1))
+        with _UNSEEN:
             (self._saved_exit or sys.__dict__["exit"])(code)
 
-    def exit_called(self, code: object) -> None:
+    def noting_exit(self, code: object, caller: FrameType) -> None:
+        """Note the exit; then the program exits as asked, whatever went wrong in lifeguard.
+        A Ctrl-C that lands meanwhile goes on to the program, as it would have a moment
+        earlier: exiting anyway would drop it and, the exit unnoted, call the run a success."""
+        try:
+            self.exit_called(code, caller)
+        except KeyboardInterrupt:
+            raise
+        except Exception:  # noqa: BLE001 - lifeguard's own failure never stops an exit
+            from lifeguard._log import logger
+
+            logger().debug("lifeguard could not note the exit", exc_info=True)
+
+    def exit_called(self, code: object, caller: FrameType) -> None:
+        """``sys.exit(code)`` or ``exit(code)``, called from ``caller``. The caller's frame (and
+        with it the whole stack under it) stays alive until finalization."""
         # sys.exit() in another thread only ends that thread; it says nothing about the process.
         lifecycle = self._lifecycle
         if is_main_thread() and lifecycle.owns_process():
             self.signals.die_if_ending()
             if self.signals.in_handler_for is None:
-                # Frame 2 is whoever called sys.exit/exit() (through our wrapper): with it,
-                # the whole stack above stays alive until finalization.
-                lifecycle.note_exit(code, sys._getframe(2))
-            self.move_atexit_to_front()
+                lifecycle.note_exit(code, caller)
+            from lifeguard.ending import at_top_level, stack
+
+            # Not from an exit hook: atexit is running its hooks then, and one it has not
+            # reached yet (lifeguard's) would be lost if moved.
+            if at_top_level(stack(caller)[-1]):
+                self.move_atexit_to_front()
+
+
+class _Unseen:
+    """``with _UNSEEN: sys.exit(code)`` in a wrapper: the SystemExit leaves without the
+    wrapper's frame in its traceback, so that a program printing the traceback of an exit it
+    caught (``traceback.print_exc()``, ``logging.exception``) prints what it would without
+    lifeguard. From 3.11 on, re-raising an exception whose traceback was cleared adds no entry
+    for the frame that re-raises it; on 3.10 the frame still shows."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, tp: object, value: BaseException | None, tb: object) -> None:
+        if isinstance(value, SystemExit):
+            value.__traceback__ = None
+
+
+_UNSEEN = _Unseen()
 
 
 def at_threading_shutdown(callback: Callable[[], object]) -> None:

@@ -20,7 +20,7 @@ from lifeguard.signals import die
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from types import TracebackType
+    from types import FrameType, TracebackType
 
     from lifeguard.channel import Channel
     from lifeguard.ending import Event
@@ -114,18 +114,24 @@ class Lifecycle:
 
     # -- events from the hooks -------------------------------------------------------------------
 
-    def note_exit(self, code: object, caller: object = None) -> None:
+    def note_exit(self, code: object, caller: FrameType) -> None:
         from lifeguard.ending import Event
 
         # Whether this exit ends the program is known only at exit: the program may catch the
         # SystemExit and carry on (lifeguard.ending).
-        self._note(Event.of_exit(code))
+        self._note(Event.of_exit(code, caller))
         # SystemExit unwinds the stack and CPython clears it before atexit runs: every object
         # the program's frames held is collected then, and a __del__ that ends a run (the
         # HuggingFace MLflowCallback's, verl's Tracking) would end it FINISHED before lifeguard
         # can say FAILED. Holding the calling frame keeps them alive until the finalizers ran
         # (an exception's traceback already does this for the excepthook path).
         self.keep_alive = caller
+
+    def note_signal_exit(self, signum: int, interrupted: FrameType | None) -> None:
+        from lifeguard.ending import Event
+
+        if interrupted is not None:
+            self._note(Event.of_signal_exit(signum, interrupted))
 
     def note_exception(self, exc: BaseException, tb: TracebackType | None) -> None:
         if isinstance(exc, SystemExit):

@@ -37,7 +37,7 @@ import os
 import sys
 import time
 
-from lifeguard._threads import take_no_signals
+from lifeguard._threads import remember_the_programs_mask, take_no_signals
 from lifeguard.names import PACKAGES
 
 TYPE_CHECKING = False
@@ -70,6 +70,7 @@ if TYPE_CHECKING:
         def finalize(self, outcome: Outcome) -> object: ...
         def wait_finalized(self, timeout: float) -> None: ...
         def die_after_finalizing(self, signum: int) -> None: ...
+        def note_signal_exit(self, signum: int, interrupted: FrameType | None) -> None: ...
 
 else:
     # The C module, not `signal`: that one pulls in enum and functools, ~4 ms, twice install()'s
@@ -238,6 +239,7 @@ class SignalWatch:
 
     def install(self, signals: tuple[int, ...]) -> None:
         """Main thread only: Python allows signal handlers to be set nowhere else."""
+        remember_the_programs_mask()
         watched = []
         for signum in signals:
             previous = _unwrap(signum, _signal.getsignal(signum))
@@ -267,6 +269,7 @@ class SignalWatch:
         self.takeover = frozenset(s for s, p in self.saved.items() if p == _signal.SIG_DFL)
         if self.takeover:
             self._start_listener()
+        if self.saved:
             self._wrap_dispositions()
 
     def restore(self) -> None:
@@ -376,13 +379,27 @@ class SignalWatch:
                 setattr(module, name, original)
 
     def _handed_back(self, signalnum: int, handler: Handler) -> None:
-        if (
-            handler == _signal.SIG_DFL
-            and signalnum in self.takeover
-            and self._lifecycle.owns_process()
-            and self._lifecycle.is_installed()
-        ):
-            _set_handler(signalnum, self.handler)
+        """The program set a hooked signal's handler (in the main thread: Python allows no
+        other). Back at the default action, it is lifeguard's, default action and all (a
+        ``signal.signal(SIGINT, SIG_DFL)`` too: "Ctrl-C just kills me"); back at Python's
+        ``default_int_handler``, KeyboardInterrupt's."""
+        signum = int(signalnum)
+        lifecycle = self._lifecycle
+        if signum not in self.saved or not lifecycle.owns_process():
+            return
+        if not lifecycle.is_installed():
+            return
+        if handler == _signal.SIG_DFL:
+            _set_handler(signum, self.handler)
+            self.saved[signum] = _signal.SIG_DFL
+            self.takeover |= {signum}
+            self.watched -= {signum}
+            if self._write_fd == -1:
+                self._start_listener()
+        elif handler is _signal.default_int_handler:
+            self.saved[signum] = handler
+            self.takeover -= {signum}
+            self.watched |= {signum}
 
     def _set_program_wakeup_fd(self, fd: int, warn_on_full_buffer: bool) -> int:
         if not self._lifecycle.owns_process() or self._write_fd == -1:
@@ -452,15 +469,17 @@ class SignalWatch:
         lifecycle = self._lifecycle
         if not lifecycle.owns_process():
             return
-        with self._first_lock:
-            first = self.first
-            if first is None:
-                self.first = (signum, at)
+        first = self._note_first(signum, at)
         if first is None:
             if lifecycle.is_installed():
                 self.ending = True
                 self._hold_the_interpreter_open()
-                _thread.start_new_thread(self._end, (signum, at))
+                try:
+                    _thread.start_new_thread(self._end, (signum, at))
+                except RuntimeError:
+                    # Python 3.12 refuses new threads once the interpreter shuts down (its main
+                    # code is over; it waits for the program's other threads): end from here.
+                    self._end(signum, at)
             elif lifecycle.is_finalizing() and lifecycle.finalizing_for_a_signal():
                 # Finalizing for a signal taken the main thread's way (Ctrl-C's
                 # KeyboardInterrupt): another signal means now.
@@ -471,17 +490,28 @@ class SignalWatch:
                 # as it would have without lifeguard. Already done: die now.
                 lifecycle.die_after_finalizing(signum)
             return
-        if escalate and (signum != first[0] or at - first[1] > REPEAT_WINDOW):
-            # A second signal: the sender means it. Every run's status is in the journal
-            # already, or with the watchdog, which was not told "done".
-            from lifeguard._log import logger
+        if escalate and _another(signum, at, first):
+            self._die_now(signum)
 
-            logger().warning(
-                "lifeguard: a second signal (%d) while finalizing; exiting now, the statuses "
-                "not written yet stay in the journal",
-                signum,
-            )
-            die(signum)
+    def _note_first(self, signum: int, at: float) -> tuple[int, float] | None:
+        """Record the first signal; returns the one before, if this is not the first."""
+        with self._first_lock:
+            first = self.first
+            if first is None:
+                self.first = (signum, at)
+        return first
+
+    def _die_now(self, signum: int) -> None:
+        """A second signal: the sender means it. Every run's status is in the journal already,
+        or with the watchdog, which was not told "done"."""
+        from lifeguard._log import logger
+
+        logger().warning(
+            "lifeguard: a second signal (%d) while finalizing; exiting now, the statuses "
+            "not written yet stay in the journal",
+            signum,
+        )
+        die(signum)
 
     def _readable_before(self, when: float) -> bool:
         """Whether the pipe has data before ``when`` (monotonic). select only now: install()
@@ -538,8 +568,9 @@ class SignalWatch:
         """The ender thread: finalize, then die of the signal."""
         from lifeguard.outcome import Outcome
 
-        # Started from the main thread's handler, this thread inherited its signal mask.
-        take_no_signals()
+        main = is_main_thread()  # ending from the main thread's own handler (see notice)
+        if not main:  # started from the main thread's handler: it inherited that mask
+            take_no_signals()
         # The main thread runs on; it must not make the finalizers wait for the GIL the whole
         # 5 ms switch interval each time they hand it over for I/O.
         sys.setswitchinterval(0.0005)
@@ -548,14 +579,15 @@ class SignalWatch:
             # Journaled first (memory and local disk only): a second signal during the wait
             # below exits at once, and the statuses then land from the journal.
             self._lifecycle.journal_ahead(outcome)
-            self._wait_for_main_thread_to_leave_trackers()
+            if not main:
+                self._wait_for_main_thread_to_leave_trackers()
             context = self.main_context
             if context is not None:
                 context.run(self._lifecycle.finalize, outcome)  # type: ignore[attr-defined]
             else:  # the main thread never got to its handler (stuck in C)
                 self._lifecycle.finalize(outcome)
         finally:
-            die_from_any_thread(signum)
+            die(signum)
 
     def _wait_for_main_thread_to_leave_trackers(self) -> None:
         """Let the call into a tracking library that the signal interrupted finish first: its
@@ -631,7 +663,12 @@ class SignalWatch:
             die_by_signal(signum)  # another signal while the process ends for one: now
         if lifecycle.is_finalizing():
             # The first signal while finalizing an exit or a crash: those finalizers finish,
-            # then the process dies of it.
+            # then the process dies of it. A second one (a person pressing Ctrl-C again, a
+            # launcher escalating): now.
+            at = time.time()
+            first = self._note_first(signum, at)
+            if first is not None and _another(signum, at, first):
+                self._die_now(signum)
             lifecycle.die_after_finalizing(signum)
             return
         # Nothing is noted: if the handler raises (KeyboardInterrupt) and nothing catches it,
@@ -642,12 +679,15 @@ class SignalWatch:
         try:
             previous(signum, frame)
         except SystemExit:
-            # The handler ends the process (Ray's raises SystemExit(1); a user's may call
-            # sys.exit). Finalize now: Ray's worker then exits without running atexit.
+            # The handler ends the program (Ray's raises SystemExit(1); a program's may call
+            # sys.exit(143)): the signal's ending, KILLED, if that SystemExit ends it. The
+            # program may also catch it, save a checkpoint and carry on: decided at exit, as
+            # for any exit (lifeguard.ending). Not finalized here either: the signal may have
+            # come in the middle of a store write, whose lock this thread holds until the
+            # SystemExit unwinds it.
             if active:
-                from lifeguard.outcome import Outcome
-
-                lifecycle.finalize(Outcome.signalled(signum))
+                lifecycle.note_signal_exit(signum, frame)
+                self._on_unwind()
             raise
         except BaseException:
             # KeyboardInterrupt and the like unwind through the program, whose own
@@ -694,6 +734,12 @@ class SignalWatch:
         lifecycle.wait_finalized(lifecycle.deadline + 5.0)
         if self.ending:
             self._death.acquire(timeout=DEATH_WAIT)
+
+
+def _another(signum: int, at: float, first: tuple[int, float]) -> bool:
+    """Whether ``signum`` at ``at`` is a second signal, not the same stop as ``first``: another
+    signal, or the same one after ``REPEAT_WINDOW``."""
+    return signum != first[0] or at - first[1] > REPEAT_WINDOW
 
 
 def die(signum: int) -> None:

@@ -254,11 +254,15 @@ class Repl:
             return False
 
     def ctrl_c_during(self, text: str, marker: str) -> None:
-        """Type a line that prints ``marker`` and then blocks; Ctrl-C once the marker shows."""
+        """Type a line that prints ``marker`` and then blocks; Ctrl-C once the marker's line has
+        shown whole: the terminal echoes ^C where the output stands when the key is pressed,
+        and the newline can come in a write of its own (it did, with mlflow imported, with and
+        without lifeguard)."""
         before = self._prompts()
         mark = len(self.out)
+        line = marker.encode() + b"\r\n"
         os.write(self.fd, text.encode() + b"\r")
-        self._wait_for(lambda: marker.encode() in self.out[mark:].replace(text.encode(), b""))
+        self._wait_for(lambda: line in self.out[mark:].replace(text.encode(), b""))
         os.write(self.fd, b"\x03")
         self._wait_for(lambda: self._prompts() > before)
 
