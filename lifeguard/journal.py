@@ -23,6 +23,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import sys
 import time
 
 from lifeguard._log import logger
@@ -34,9 +35,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ALREADY_ENDED",
+    "BUSY",
     "ENDED",
     "FAILED",
+    "GONE",
+    "HELD",
     "JOURNALED",
+    "Claim",
     "Entry",
     "Journal",
     "JournalError",
@@ -318,6 +323,7 @@ class Journal:
         """Atomically write (or replace) the entry for ``entry.run_id``."""
         self.ensure()
         path = self._path(entry.run_id)
+        _note_kept(path)
         tmp = f"{path}.{os.getpid()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         try:
@@ -331,10 +337,19 @@ class Journal:
         return path
 
     def remove(self, entry: Entry) -> None:
+        path = entry.path or self._path(entry.run_id)
         try:
-            os.unlink(entry.path or self._path(entry.run_id))
+            os.unlink(path)
         except FileNotFoundError:
             pass
+        lastgasp = sys.modules.get("lifeguard.lastgasp")
+        if lastgasp is not None:
+            lastgasp.note_gone(path)
+
+    def claim(self, entry: Entry, wait: float = 0.0) -> Claim:
+        """Hold ``entry``'s file while its status is written, so that two replays never write
+        the same entry at once (see :class:`Claim`)."""
+        return Claim(entry.path or self._path(entry.run_id), wait)
 
     def entries(self) -> Iterator[Entry]:
         """Every trusted, readable entry. A file that is not the current user's private regular
@@ -406,6 +421,91 @@ class Journal:
             os.replace(path, aside)
         except OSError as exc:
             logger().error("lifeguard: could not set %s aside: %s", path, exc)
+
+
+def _note_kept(path: str) -> None:
+    """Tell the last gasp (``lifeguard.lastgasp``) that this process journaled ``path``: if the
+    entry is still there when the process ends, a replayer is left behind to write it. Imported
+    here, at the first entry, not at install(): a process that journals nothing never loads
+    it, and one that does has it loaded well before its death, where nothing may be imported."""
+    from lifeguard import lastgasp
+
+    lastgasp.note_kept(path)
+
+
+# What a claim on an entry found (Claim.state).
+HELD = "held"  # the entry is ours to write until the claim is released
+GONE = "gone"  # no entry any more: someone wrote it meanwhile (or it was set aside)
+BUSY = "busy"  # another replay holds it, still after the wait
+
+
+class Claim:
+    """An exclusive hold on one journal entry while its status is written: ``with
+    journal.claim(entry, wait) as claim:``. Every replay (install()'s, the last gasp's,
+    ``lifeguard sweep``'s) claims an entry before writing it, so two of them never write the
+    same one at once; one after the other, the second finds it gone, or ended.
+
+    An ``flock`` on the entry file itself: no other file to create or trust, and released by
+    the kernel when its holder dies, even by SIGKILL. Held for one attempt, not a replayer's
+    whole life: a sweep that comes meanwhile waits for that attempt, then finds the entry
+    written, or writes it itself. Over NFS an flock is a lock on the server; a server that does
+    not answer hangs reading the entry just as surely."""
+
+    def __init__(self, path: str, wait: float) -> None:
+        self.path = path
+        self.wait = wait
+        self.state = BUSY
+        # The entry as it is on disk under the claim (it may have been replaced since it was
+        # listed: a later process journaled the same run).
+        self.entry: Entry | None = None
+        self._fd = -1
+
+    def __enter__(self) -> Claim:
+        import fcntl
+
+        give_up = time.monotonic() + self.wait
+        while True:
+            flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+            try:
+                fd = os.open(self.path, flags)
+            except FileNotFoundError:
+                self.state = GONE
+                return self
+            except OSError:  # a symlink or worse: the next listing refuses it
+                return self
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                if time.monotonic() >= give_up:
+                    return self
+                time.sleep(0.02)
+                continue
+            try:
+                held, now = os.fstat(fd), os.lstat(self.path)
+            except FileNotFoundError:  # written and removed while we waited
+                os.close(fd)
+                self.state = GONE
+                return self
+            if (held.st_dev, held.st_ino) != (now.st_dev, now.st_ino):
+                os.close(fd)  # replaced while we waited: claim the entry there now
+                continue
+            self._fd = fd
+            try:
+                text = read_private(self.path).decode("utf-8")
+                self.entry = Entry.from_json(text, self.path)
+            except FileNotFoundError:
+                self.state = GONE
+                return self
+            except (OSError, Untrusted, ValueError, UnicodeDecodeError):
+                return self  # the next listing refuses it or sets it aside, saying why
+            self.state = HELD
+            return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd != -1:
+            os.close(self._fd)  # releases the flock
+            self._fd = -1
 
 
 def after_failed_write(journal: Journal | None, entry: Entry, where: str, error: object) -> str:

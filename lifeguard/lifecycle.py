@@ -154,6 +154,12 @@ class Lifecycle:
                         self.finalize(self.outcome or _unreported_outcome())
         finally:
             self.keep_alive = None  # the program's own __del__ cleanups may run now
+            # Statuses left only journaled (a write that failed or ran out of time) get a
+            # replayer that outlives the process (lifeguard.lastgasp; loaded only by a
+            # process that journaled something, and never imported here, at the exit).
+            lastgasp = sys.modules.get("lifeguard.lastgasp")
+            if lastgasp is not None and self.owns_process():
+                lastgasp.leave_replayer()
 
     def _release_stranded_imports(self) -> None:
         from lifeguard.importlocks import release_stranded

@@ -329,28 +329,29 @@ def _main_thread_stack(fluent: object) -> list[object] | None:
     return stacks.get(threading.main_thread().ident or -1)
 
 
-# The share of the deadline the async flush gets when a signal stops the process. A launcher's
-# grace period is running (Ray's is 5 s) and a program that logs asynchronously as fast as it
-# can always has a backlog: the status comes first. At the default 10 s deadline: 1 s.
-SIGNAL_FLUSH_SHARE = 0.1
-
-
 def _flush_budget(outcome: Outcome) -> float | None:
-    """Seconds the async flush may take; None: no deadline (outside the registry)."""
+    """Seconds the async flush may take; None: no deadline (outside the registry).
+
+    All the finalizer's time but what the status writes keep (the last 2 s, or half of it at
+    most): once every status is journaled (prepare()), a SIGKILL at the end of the grace period
+    can cost metrics, never a status, and a user who stops a job expects the metrics it logged
+    to be there. On a signal too: ``_bounded_flush`` gives up on a flush that makes no progress
+    (a dead server) within :data:`FLUSH_STALL`, so that only a flush that is really sending
+    keeps the process, and only until the writes' share."""
     from lifeguard.finalizers import time_left
-    from lifeguard.lifecycle import current
 
     left = time_left()
     if left is None:
         return None
-    keep_for_the_writes = min(2.0, left / 2)
-    if outcome.signum is None:
-        # An exit or an exception: no one is waiting to kill the process. All but what the
-        # status writes need.
-        return left - keep_for_the_writes
-    lifecycle = current()
-    deadline = lifecycle.options.deadline if lifecycle is not None else left
-    return min(left - keep_for_the_writes, deadline * SIGNAL_FLUSH_SHARE)
+    return left - min(2.0, left / 2)
+
+
+# A flush that has sent nothing for this long is given up: the server is dead, or hangs, and the
+# status write comes first. MLflow's workers send one batch in milliseconds (sqlite) to a few
+# hundred (a loaded server): a second without one means none is coming.
+FLUSH_STALL = 1.0
+# How often the flush's progress is looked at.
+FLUSH_POLL = 0.02
 
 
 def _flushed_at_exit_by_mlflow(fluent: object) -> bool:
@@ -366,13 +367,20 @@ def _flushed_at_exit_by_mlflow(fluent: object) -> bool:
 
 def _bounded_flush(fluent: object, budget: float | None) -> None:
     """Metrics queued by ``log_metric(..., synchronous=False)`` must land before the run ends,
-    but not at the price of the status: the flush gets a bounded share of the time (see
-    ``_flush_budget``), and what it could not send in that time is counted in the log."""
+    but not at the price of the status: the flush gets the time ``_flush_budget`` gives it, for
+    as long as it makes progress (the batches waiting to be sent get fewer), and what it could
+    not send in that time is counted in the log. A program with nothing queued flushes nothing:
+    its exit takes no longer than without a flush."""
     import threading
 
     store = _store(fluent)
     queue = getattr(store, "_async_logging_queue", None)
     if queue is None or getattr(queue, "is_idle", lambda: True)():
+        return
+    waiting = _backlog(queue)
+    if waiting == 0:
+        # Nothing queued: a flush would only wait out MLflow's idle poll (its loop thread sees a
+        # flush when its Queue.get(timeout=1) returns). A batch a worker is sending now goes on.
         return
     done = threading.Event()
 
@@ -385,13 +393,17 @@ def _bounded_flush(fluent: object, budget: float | None) -> None:
             done.set()
 
     threading.Thread(target=flush, name="lifeguard-mlflow-flush", daemon=True).start()
-    if done.wait(budget):
+    if _wait_while_progressing(done, queue, waiting, budget):
         return
-    left = _queued(queue)
+    # Dying of a signal, the process dies right after the status writes: batches MLflow's
+    # workers would take up meanwhile are lost anyway, and on sqlite they would take the write
+    # lock from the status write. Taken back, they are not sent, and their count is exact. At
+    # finish() the program lives on, and MLflow sends them later.
+    left = _take_back(queue) if _dying_of_signal() else _queued(queue)
     if left is None:
         what = "some values"
     elif left == 0:
-        what = "the batch in flight (nothing more queued)"
+        what = "the batches in flight (nothing more queued)"
     else:
         what = f"{left} queued metric, param and tag values"
     logger().warning(
@@ -399,6 +411,88 @@ def _bounded_flush(fluent: object, budget: float | None) -> None:
         "runs without them",
         what,
     )
+
+
+def _wait_while_progressing(
+    done: object, queue: object, waiting: int | None, budget: float | None
+) -> bool:
+    """Wait for ``done`` (the flush returned) within ``budget`` seconds, giving up as soon as
+    :data:`FLUSH_STALL` passes with no batch sent. Whether the flush finished."""
+    import time
+
+    wait = done.wait  # type: ignore[attr-defined]
+    now = time.monotonic()
+    end = None if budget is None else now + budget
+    progress_at, last = now, waiting
+    while True:
+        step = FLUSH_POLL if end is None else max(0.0, min(FLUSH_POLL, end - time.monotonic()))
+        if wait(step):
+            return True
+        now = time.monotonic()
+        if end is not None and now >= end:
+            return False
+        current = _backlog(queue)
+        if current is None or last is None:
+            # MLflow's internals moved: no progress to see. The budget alone bounds it.
+            continue
+        if current < last:
+            progress_at, last = now, current
+        elif now - progress_at >= FLUSH_STALL:
+            return False
+
+
+def _backlog(queue: object) -> int | None:
+    """How many batches wait to be sent: in MLflow's async logging queue, and handed to its
+    worker pool but not taken up by a worker yet. None if MLflow's internals moved."""
+    try:
+        waiting = int(queue._queue.qsize())  # type: ignore[attr-defined]
+        pool = getattr(queue, "_batch_logging_worker_threadpool", None)
+        work = getattr(pool, "_work_queue", None)
+        return waiting + (int(work.qsize()) if work is not None else 0)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _take_back(queue: object) -> int | None:
+    """Take the batches not sent yet out of MLflow's queue and its worker pool's, marking each
+    done (not sent), so that no worker sends it; the number of values in them."""
+    import queue as queues
+
+    try:
+        sources = [queue._queue]  # type: ignore[attr-defined]
+        pool = getattr(queue, "_batch_logging_worker_threadpool", None)
+        work = getattr(pool, "_work_queue", None)
+        if work is not None:
+            sources.insert(0, work)
+    except Exception:  # noqa: BLE001 - MLflow's internals moved
+        return _queued(queue)
+    total = 0
+    for source in sources:
+        sentinels = 0
+        while True:
+            try:
+                item = source.get_nowait()
+            except queues.Empty:
+                break
+            except Exception:  # noqa: BLE001
+                return None
+            if item is None:  # the pool's shutdown sentinel: its worker must still find it
+                sentinels += 1
+                continue
+            batch = item.args[0] if hasattr(item, "args") and item.args else item
+            cancel = getattr(getattr(item, "future", None), "cancel", None)
+            if cancel is not None:
+                cancel()
+            for field in ("metrics", "params", "tags"):
+                total += len(getattr(batch, field, None) or ())
+            try:
+                batch.exception = RuntimeError("not sent: the run was ended first")
+                batch.complete()  # whoever waits on it is told, and does not wait forever
+            except Exception:  # noqa: BLE001
+                pass
+        for _ in range(sentinels):
+            source.put(None)
+    return total
 
 
 def _store(fluent: object) -> object:

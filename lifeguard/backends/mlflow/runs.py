@@ -17,6 +17,7 @@ from lifeguard.journal import (
     ALREADY_ENDED,
     ENDED,
     FAILED,
+    GONE,
     JOURNALED,
     SUPERSEDED,
     Entry,
@@ -49,6 +50,9 @@ __all__ = [
 ]
 
 RUNNING = "RUNNING"
+# How long a replay waits for an entry another one is writing: one attempt of a last-gasp
+# replayer (lifeguard.guardian.replay.ATTEMPT, 5 s), and some.
+CLAIM_WAIT = 10.0
 PAGE = 1000  # runs per search request
 EXPERIMENTS_PER_SEARCH = 100
 
@@ -204,7 +208,15 @@ def replay_journal(
                 journal.remove(entry)
                 counts[SUPERSEDED] = counts.get(SUPERSEDED, 0) + 1
                 continue
-            result = apply(client, entry, journal=journal, write_ahead=False)
+            # Held while it is written: another replay (a dying program's last gasp, a sweep)
+            # never writes it at the same time, and one that wrote it first removed it.
+            with journal.claim(entry, wait=CLAIM_WAIT) as claim:
+                if claim.state == GONE:
+                    continue
+                if claim.entry is None:
+                    counts[JOURNALED] += 1  # still held by another replay: it is at it
+                    continue
+                result = apply(client, claim.entry, journal=journal, write_ahead=False)
             if result == JOURNALED:
                 dead.add(uri)
             counts[result] = counts.get(result, 0) + 1
