@@ -56,8 +56,6 @@ BUDGET = 30.0
 ATTEMPT = 5.0
 # The pauses between rounds: doubling from the first, never more than the last.
 BACKOFF = (0.25, 5.0)
-# How long a replay waits for an entry another replay holds (one attempt, and some).
-CLAIM_WAIT = ATTEMPT + 5.0
 # Where the one line goes when the program's stderr was a pipe (see lifeguard.lastgasp).
 LOG_NAME = "replayer.log"
 # That file is cut when it grows past this: one line per replayer that gave up.
@@ -99,17 +97,16 @@ def last_gasp(args: Sequence[str]) -> int:
     started = time.monotonic()
     writer, wait_fds, run_ids = _parse(args)
     _close_inherited(keep=wait_fds)
-    log = _logger()
     from lifeguard.journal import Journal
     from lifeguard.lastgasp import BOUND_ENV, DEFAULT_BOUND
 
+    journal = Journal()
+    log = _logger(journal.directory)
     bound = _bound(os.environ.get(BOUND_ENV), DEFAULT_BOUND)
     give_up = started + bound
-    journal = Journal()
     if not _wait_for_exits(writer, wait_fds, give_up):
         _say(
             log,
-            journal,
             f"lifeguard: pid {writer} still ran after the replayer's bound of {bound:g} s; "
             f"its journaled statuses stay in {journal.directory} for the next "
             "lifeguard.install() on this machine or `lifeguard sweep`",
@@ -165,27 +162,59 @@ def _bound(raw: str | None, default: float) -> float:
         return default  # install() refuses such a value; one set after it, here, is ignored
 
 
-# The handler that writes lifeguard's lines on this process's stderr (see _logger).
-_stderr: logging.Handler | None = None
+# The handler that writes lifeguard's lines where this replayer speaks (see _logger).
+_out: logging.Handler | None = None
 
 
-def _logger() -> logging.Logger:
-    """lifeguard's logger, to stderr, redacted: the refusals of planted journal files (errors)
-    always; a failed attempt (a warning) never, for it is tried again; then the final line."""
+def _logger(directory: str) -> logging.Logger:
+    """lifeguard's logger, redacted, to the program's stderr when the replayer was given it,
+    else appended to ``replayer.log`` in the journal directory: the refusals of planted journal
+    files (errors) always; a failed attempt (a warning) never, for it is tried again; the final
+    line (see :func:`_say`)."""
     import logging
 
     from lifeguard._log import logger
 
-    global _stderr
+    global _out
     logging.raiseExceptions = False  # a closed terminal must not turn one line into a traceback
     log = logger()
-    _stderr = logging.StreamHandler(sys.stderr)
-    _stderr.setFormatter(logging.Formatter("%(message)s"))
-    _stderr.setLevel(logging.ERROR)
-    log.addHandler(_stderr)
+    stream = _FileLog(os.path.join(directory, LOG_NAME)) if _stderr_is_devnull() else sys.stderr
+    _out = logging.StreamHandler(stream)
+    if stream is not sys.stderr:
+        _out.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%Y-%m-%dT%H:%M:%S%z"))
+    else:
+        _out.setFormatter(logging.Formatter("%(message)s"))
+    _out.setLevel(logging.ERROR)
+    log.addHandler(_out)
     log.propagate = False
     log.setLevel(logging.WARNING)
     return log
+
+
+class _FileLog:
+    """``replayer.log``, opened at the first line only (0600, never through a symlink, in the
+    private journal directory), cut when it has grown past :data:`LOG_LIMIT`."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def write(self, text: str) -> int:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(self.path, flags, 0o600)
+        except OSError:
+            return 0
+        try:
+            if os.fstat(fd).st_size > LOG_LIMIT:
+                os.ftruncate(fd, 0)
+            return os.write(fd, text.encode())
+        except OSError:
+            return 0
+        finally:
+            os.close(fd)
+
+    def flush(self) -> None:
+        pass
 
 
 def _wait_for_exits(writer: int, fds: Sequence[int], give_up: float) -> bool:
@@ -267,7 +296,6 @@ def _replay(
     why = f": {last_error}" if last_error else ""
     _say(
         log,
-        journal,
         f"lifeguard: {len(pending)} run status(es) journaled by pid {writer} could not be "
         f"written to {stores_named} within the replayer's bound of {bound:g} s{why}; they stay "
         f"in {journal.directory} for the next lifeguard.install() on this machine or "
@@ -285,34 +313,13 @@ def _shown(uri: str) -> str:
     return redact_uri(uri)
 
 
-def _say(log: logging.Logger, journal: Journal, line: str) -> None:
-    """The one line: on the program's stderr if the replayer was given it, else appended to
-    ``replayer.log`` in the journal directory (0600, in the private directory)."""
+def _say(log: logging.Logger, line: str) -> None:
+    """The one line the last gasp says when it leaves statuses behind."""
     import logging
 
-    from lifeguard.redact import redact
-
-    line = redact(line)
-    if not _stderr_is_devnull():
-        if _stderr is not None:
-            _stderr.setLevel(logging.WARNING)
-        log.warning("%s", line)
-        return
-    path = os.path.join(journal.directory, LOG_NAME)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags, 0o600)
-    except OSError:
-        return
-    try:
-        if os.fstat(fd).st_size > LOG_LIMIT:
-            os.ftruncate(fd, 0)
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        os.write(fd, f"{stamp} {line}\n".encode())
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    if _out is not None:
+        _out.setLevel(logging.WARNING)
+    log.warning("%s", line)
 
 
 def _stderr_is_devnull() -> bool:

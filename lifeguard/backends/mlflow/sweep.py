@@ -30,7 +30,7 @@ from lifeguard.journal import Journal
 from lifeguard.names import TAG_ENDED_BY
 from lifeguard.owner import Owner
 from lifeguard.redact import redact, redact_uri
-from lifeguard.sweep import END, Decision, RunFacts, Sightings, decide
+from lifeguard.sweep import END, SKIP, Decision, RunFacts, Sightings, decide
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -131,6 +131,8 @@ def sweep(
             sightings.save(experiment_ids)
         except OSError as exc:
             raise SweepError(redact(f"cannot record what this sweep saw: {exc}")) from None
+        if not dry_run:
+            _leave_journaled(report.decisions, journal)
         to_end = [d for d in report.decisions if d.verdict == END]
         if to_end and not dry_run:
             with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
@@ -143,6 +145,21 @@ def sweep(
                         report.errors[decision.run_id] = error
     report.seconds = time.monotonic() - started
     return report
+
+
+def _leave_journaled(decisions: list[Decision], journal: Journal) -> None:
+    """A run whose true status is still in the journal is not an orphan: the replay above could
+    not write it (its store refused it), or another replay holds it while it writes it (a dying
+    program's last-gasp replayer). Ending it here would write a guessed end time over the truth
+    that lands a moment later."""
+    ending = [d for d in decisions if d.verdict == END]
+    if not ending:
+        return
+    journaled = {entry.run_id for entry in journal.entries()}
+    for decision in ending:
+        if decision.run_id in journaled:
+            decision.verdict = SKIP
+            decision.reason = "its status is journaled, not written yet; a replay writes it"
 
 
 def _quiet_for(sightings: Sightings, facts: RunFacts) -> float:
