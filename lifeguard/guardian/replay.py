@@ -390,16 +390,60 @@ class _Stores:
                     return (result, errors.last) if result == JOURNALED else (result, "")
                 except SchemaError:
                     store = self.made[entry.tracking_uri] = self._mlflow(entry.tracking_uri)
+            seen_running = False
             if isinstance(store, rest.RestStore):
                 store.budget = rest.Budget(attempt)
-            if store.adopted_since(entry):
+                state = _rest_state(store, entry)
+                if state is not None and state != RUNNING:
+                    journal.remove(entry)
+                    return state, ""
+                seen_running = state == RUNNING
+            elif store.adopted_since(entry):
                 journal.remove(entry)
                 return SUPERSEDED, ""
-            result = store.apply(entry, journal=journal, write_ahead=False)
+            if isinstance(store, rest.RestStore):
+                result = store.apply(
+                    entry, journal=journal, write_ahead=False, seen_running=seen_running
+                )
+            else:
+                result = store.apply(entry, journal=journal, write_ahead=False)
         return (result, errors.last) if result == JOURNALED else (result, "")
 
     def close(self) -> None:
         self._exits.close()
+
+
+RUNNING = "RUNNING"
+
+
+def _rest_state(store: rest.RestStore, entry: Entry) -> str | None:
+    """One ``runs/get`` for what ``adopted_since`` and ``endable`` would each ask: RUNNING (to
+    be written; the write then skips its own read), ALREADY_ENDED (no longer RUNNING, or
+    deleted), SUPERSEDED (adopted since by another live process), or None when the read failed
+    (the write then meets the same failure, and says so)."""
+    from lifeguard.guardian.rest import RestError
+    from lifeguard.journal import ALREADY_ENDED, SUPERSEDED
+    from lifeguard.owner import adopted_since
+
+    try:
+        answer = store.call("GET", "runs/get", {"run_id": entry.run_id, "run_uuid": entry.run_id})
+    except RestError:
+        return None
+    run = answer.get("run")
+    info = run.get("info") if isinstance(run, dict) else None
+    data = run.get("data") if isinstance(run, dict) else None
+    if not isinstance(info, dict):
+        return None
+    status = str(info.get("status"))
+    if status != RUNNING or info.get("lifecycle_stage", "active") == "deleted":
+        return ALREADY_ENDED
+    raw = data.get("tags") if isinstance(data, dict) else None
+    tags = {
+        str(tag.get("key")): str(tag.get("value"))
+        for tag in (raw if isinstance(raw, list) else [])
+        if isinstance(tag, dict)
+    }
+    return SUPERSEDED if adopted_since(status, tags, entry.pid, entry.end_time) else RUNNING
 
 
 class _Errors:
