@@ -25,7 +25,7 @@ from mlflow.tracking import MlflowClient
 from lifeguard.backends.mlflow.finalizer import FLUSH_CHUNK
 from lifeguard.demo import ChildResult, run_child, wait_gone
 from lifeguard.journal import Entry, Journal
-from tests.conftest import CHILD_TIMEOUT, CHILDREN, Store, child_env
+from tests.conftest import CHILD_TIMEOUT, CHILDREN, Scenario, Store, child_env
 from tests.servers import FaultProxy, MlflowServer
 
 pytestmark = pytest.mark.slow
@@ -512,3 +512,42 @@ def test_a_dead_server_s_backlog_is_given_up_within_a_second(store: Store, tmp_p
             os.kill(pid, signal.SIGKILL)
     finally:
         srv.stop()
+
+
+# -- the other place a process ends: the atexit finalization -----------------------------------
+
+
+def test_an_exit_with_the_store_locked_by_another_writer_leaves_a_replayer(
+    scenario: Scenario, store: Store
+) -> None:
+    """``sys.exit(3)`` while another process holds the sqlite store's write lock (another job's
+    long commit): the status write gives up at the deadline and the status is journaled; the
+    process exits 3, as ever. The replayer it leaves writes FAILED, with the exit's time, once
+    the other writer lets go, with no later install() or sweep."""
+    import sqlite3
+
+    holder = sqlite3.connect(store.path, isolation_level=None, timeout=60)
+    locked: list[float] = []
+
+    def lock(ready: dict[str, object]) -> None:
+        holder.execute("BEGIN IMMEDIATE")
+        locked.append(time.time())
+
+    try:
+        env = child_env(store, LIFEGUARD_DEADLINE="2")
+        result = scenario.run("--path", "sys.exit(3)", "--wait-stdin", env=env, after_ready=lock)
+        assert result.returncode == 3, result.stderr
+        [run_id] = result.ready["run_ids"]  # type: ignore[misc]
+        [replayer] = replayers_of(int(result.ready["pid"]))  # type: ignore[call-overload]
+        assert store.status(run_id) == "RUNNING"
+        assert entries(store) == [run_id]
+    finally:
+        if holder.in_transaction:
+            holder.execute("ROLLBACK")
+        holder.close()
+    assert wait_gone(replayer, 30.0)
+    run = store.run(run_id)
+    assert run.info.status == "FAILED"
+    assert locked[0] * 1000 - 1 <= run.info.end_time
+    assert run.data.tags["lifeguard.exit_code"] == "3"
+    assert entries(store) == []

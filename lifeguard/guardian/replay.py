@@ -142,7 +142,10 @@ def _parse(args: Sequence[str]) -> tuple[int, list[int], list[str]]:
 def _close_inherited(keep: Sequence[int]) -> None:
     """Close every fd the dying program passed on but the pidfds: a pipe of its launcher held
     open here would keep the launcher waiting for its end of file for the whole bound."""
-    top = 1 << 16
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    top = 1 << 20 if soft == resource.RLIM_INFINITY else int(soft)  # close_range(2): O(open fds)
     low = 3
     for fd in sorted(keep):
         if fd >= low:
