@@ -354,7 +354,7 @@ def _flush_budget(outcome: Outcome) -> float | None:
 FLUSH_STALL = 1.0
 # Values per request when the finalizer sends the backlog itself: MLflow's own limit is 1,000
 # (and 100 params, 100 tags); smaller chunks show progress (and count what is left) more finely.
-FLUSH_CHUNK = 200
+FLUSH_CHUNK = 100
 MAX_PARAMS_PER_CHUNK = 100
 MAX_TAGS_PER_CHUNK = 100
 
