@@ -229,6 +229,7 @@ def run_child(
     on_line: Mapping[str, int] | None = None,
     after_ready: Callable[[dict[str, object]], object] | None = None,
     die_with_parent: bool = True,
+    cwd: str | None = None,
 ) -> ChildResult:
     """Start ``cmd``, wait for its ready line, send ``send`` signals in order, then wait for it.
 
@@ -250,6 +251,7 @@ def run_child(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=None if env is None else dict(env),
+        cwd=cwd,
         text=True,
         start_new_session=new_session,
         preexec_fn=_child_preexec(prctl),

@@ -20,6 +20,7 @@ import _thread
 import time
 
 from lifeguard._log import logger
+from lifeguard._threads import take_no_signals
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -236,7 +237,11 @@ def _run_one(handle: Handle, outcome: Outcome, timeout: float) -> Report:
         finally:
             _deadlines.pop(ident, None)
 
-    thread = threading.Thread(target=target, name=f"lifeguard-finalizer[{handle.name}]")
+    def in_a_thread() -> None:
+        take_no_signals()  # inline (below), the main thread keeps its signals
+        target()
+
+    thread = threading.Thread(target=in_a_thread, name=f"lifeguard-finalizer[{handle.name}]")
     thread.daemon = True  # an abandoned (hung) finalizer must not hold the process open
     try:
         thread.start()

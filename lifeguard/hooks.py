@@ -21,18 +21,19 @@ if TYPE_CHECKING:
     from typing import Protocol
 
     from lifeguard.channel import Channel
-    from lifeguard.signals import Ending
+    from lifeguard.signals import Finalization
 
     ExceptHook = Callable[[type[BaseException], BaseException, TracebackType | None], object]
 
-    class Observer(Ending, Protocol):
+    class Observer(Finalization, Protocol):
         """What the hooks report to (``lifeguard.lifecycle`` implements it): each event that
         says how the process is ending, and the two moments of the interpreter's exit."""
 
         channel: Channel | None
+        exit_exception: BaseException | None
 
         def note_exit(self, code: object, caller: object = None) -> None: ...
-        def note_exception(self, exc: BaseException) -> None: ...
+        def note_exception(self, exc: BaseException, tb: TracebackType | None) -> None: ...
         def on_threading_shutdown(self) -> None: ...
         def on_interpreter_exit(self) -> None: ...
 
@@ -147,7 +148,7 @@ class ProcessHooks:
             self._lifecycle.on_interpreter_exit()
         finally:
             if self._lifecycle.owns_process():
-                _keep_ctrl_c_exit()
+                _keep_ctrl_c_exit(self._lifecycle.exit_exception)
 
     def _excepthook(
         self, tp: type[BaseException], value: BaseException, tb: TracebackType | None
@@ -159,12 +160,12 @@ class ProcessHooks:
                 # raised since, in the moments it took, is not the program's ending. Without
                 # lifeguard the signal would have ended it before; so it ends now, unprinted.
                 self.signals.die_if_ending()
-                lifecycle.note_exception(value)
+                lifecycle.note_exception(value, tb)
                 self.move_atexit_to_front()
         finally:
             hook = self._saved_excepthook or sys.__excepthook__
             if hook is not sys.__excepthook__ or not _traceback_already_printed():
-                hook(tp, value, _without_own_frames(tb) if tb is not None else tb)
+                hook(tp, value, _without_own_frames(value, tb))
 
     def _exit(self, code: object = None) -> None:
         try:
@@ -202,7 +203,7 @@ def at_threading_shutdown(callback: Callable[[], object]) -> None:
         pass
 
 
-def _keep_ctrl_c_exit() -> None:
+def _keep_ctrl_c_exit(exc: BaseException | None) -> None:
     """After an uncaught KeyboardInterrupt, CPython dies of SIGINT once finalized (exit_sigint()),
     as a shell expects of Ctrl-C. It keeps that in a flag that every ``exec`` of a string resets
     (``run_eval_code_obj``, 3.10 to 3.13), and our excepthook and finalizers may exec: an import
@@ -210,9 +211,9 @@ def _keep_ctrl_c_exit() -> None:
     Ctrl-C on 3.10 with a sqlite store). The process then exited 1 where without lifeguard it
     died of SIGINT. One exec that raises KeyboardInterrupt sets the flag again, as the top level
     set it. The flag is set only for that exact type (``PyErr_Occurred() == KeyboardInterrupt``)
-    and ``sys.last_exc``/``last_value`` only for an exception that reached the top level."""
-    last = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
-    if type(last) is not KeyboardInterrupt:
+    and only for the exception the program really ended with (``exc``, decided at exit: never
+    an interrupt an interactive session showed and carried on from)."""
+    if type(exc) is not KeyboardInterrupt:
         return
     try:
         exec("raise KeyboardInterrupt", {})
@@ -220,11 +221,15 @@ def _keep_ctrl_c_exit() -> None:
         pass
 
 
-def _without_own_frames(tb: TracebackType) -> TracebackType:
+def _without_own_frames(value: BaseException, tb: TracebackType | None) -> TracebackType | None:
     """The traceback as the program would print it without lifeguard: a KeyboardInterrupt
-    raised by Python's ``default_int_handler``, chained from lifeguard's signal handler, would
-    otherwise show one frame of ``lifeguard/signals.py`` at its tip."""
+    raised by a handler lifeguard chained to would otherwise show frames of
+    ``lifeguard/signals.py`` at its tip, or be nothing but them (a Ctrl-C while no Python code
+    of the program's ran). The exception's own traceback is the one printed, so it is cut too."""
     own = os.path.join("lifeguard", "signals.py")
+    if tb is not None and tb.tb_frame.f_code.co_filename.endswith(own):
+        value.__traceback__ = None
+        return None
     entry: TracebackType | None = tb
     while entry is not None and entry.tb_next is not None:
         if entry.tb_next.tb_frame.f_code.co_filename.endswith(own):

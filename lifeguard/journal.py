@@ -1,10 +1,9 @@
 """The journal: final statuses that could not be written yet, kept on local disk until they are.
 
-One file per run, ``<run_id>.json``, 0600, in a 0700 directory (``$LIFEGUARD_JOURNAL_DIR``, else
-``$XDG_CACHE_HOME/lifeguard/journal``, else ``~/.cache/lifeguard/journal``). It is a write-ahead
-log: the entry is written before the status is sent and removed once the server has it, so a
-process killed in the middle, or a server that never answers, loses nothing. The entry keeps the
-true end time; ``install()`` and ``lifeguard sweep`` replay it later.
+One file per run, ``<run_id>.json``, 0600, in a 0700 directory (:func:`default_dir`). It is a
+write-ahead log: the entry is written before the status is sent and removed once the server has
+it, so a process killed in the middle, or a server that never answers, loses nothing. The entry
+keeps the true end time; ``install()`` and ``lifeguard sweep`` replay it later.
 
 No secrets: tracking URIs are stored without their user-info part, and credentials
 (``MLFLOW_TRACKING_TOKEN``, passwords) come from the replaying process's environment only.
@@ -153,11 +152,40 @@ def _kind(mode: int) -> str:
 
 
 def default_dir() -> str:
+    """Where the journal is: ``$LIFEGUARD_JOURNAL_DIR``, else the user's cache
+    (``$XDG_CACHE_HOME/lifeguard/journal``, else ``~/.cache/lifeguard/journal``) if it can be
+    written there, else a private per-user directory on this host (``$XDG_RUNTIME_DIR``'s, then
+    the temporary directory's). A container's user often has no home, or a read-only one:
+    nothing is created under a home that does not exist. Looks, creates nothing."""
+    return _location()[0]
+
+
+def _location() -> tuple[str, str | None]:
+    """(the journal directory, the private per-user directory to create first, if any)."""
     explicit = os.environ.get("LIFEGUARD_JOURNAL_DIR")
     if explicit:
-        return explicit
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(cache, "lifeguard", "journal")
+        return explicit, None
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    home = os.path.expanduser("~")
+    for cache, parent in ((xdg, xdg), (os.path.join(home, ".cache"), home)):
+        if not cache or not os.path.isabs(cache):
+            continue
+        # The cache itself, or its parent (the home) when the cache is yet to be made.
+        where = cache if os.path.isdir(cache) else parent
+        if where and os.path.isdir(where) and os.access(where, os.W_OK | os.X_OK):
+            return os.path.join(cache, "lifeguard", "journal"), None
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if (
+        runtime
+        and os.path.isabs(runtime)
+        and os.path.isdir(runtime)
+        and untrusted_directory(runtime) is None
+        and os.access(runtime, os.W_OK | os.X_OK)
+    ):
+        return os.path.join(runtime, "lifeguard", "journal"), None
+    # tempfile.gettempdir() imports half the standard library; install() reads this too.
+    root = os.path.join(os.environ.get("TMPDIR") or "/tmp", f"lifeguard-{os.getuid()}")
+    return os.path.join(root, "journal"), root
 
 
 class Entry:
@@ -231,14 +259,26 @@ class Entry:
 
 class Journal:
     def __init__(self, directory: str | None = None) -> None:
-        self.directory = directory or default_dir()
+        self.directory, self._private_root = (directory, None) if directory else _location()
         # One line per file (or the directory) that entries() refused since this was made.
         self.refused: list[str] = []
+        # Why the last entry could not be written, if it could not (see keep).
+        self.unusable: str | None = None
 
     # -- the directory ---------------------------------------------------------------------
 
     def ensure(self) -> str:
         """Create the directory 0700, or check an existing one is ours and private."""
+        if self._private_root is not None:
+            # A directory in a place everyone can write (/tmp): made 0700 by us, or refused,
+            # before anything is created in it.
+            try:
+                os.mkdir(self._private_root, 0o700)
+            except FileExistsError:
+                pass
+            why = untrusted_directory(self._private_root)
+            if why is not None:
+                raise JournalError(f"{self._private_root} {why}")
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
         st = os.lstat(self.directory)
         if not stat.S_ISDIR(st.st_mode):
@@ -387,12 +427,14 @@ class Journal:
             yield entry
 
     def keep(self, entry: Entry) -> bool:
-        """Write ``entry``; a journal that cannot take it is logged, never raised (the store
-        write, or the guardian, may still land the status). Whether it was written."""
+        """Write ``entry``; whether it was written. A journal that cannot take it (a full disk, a
+        read-only home) is no news yet: the store write may still land the status. Only when
+        that fails too does :func:`after_failed_write` say the status is lost for now, once."""
         try:
             self.write(entry)
         except (OSError, JournalError, ValueError) as exc:
-            logger().error("lifeguard: cannot journal run %s: %s", entry.run_id, exc)
+            self.unusable = _first_line(exc)
+            logger().debug("lifeguard: cannot journal run %s: %s", entry.run_id, exc)
             return False
         return True
 
@@ -510,16 +552,30 @@ class Claim:
 
 def after_failed_write(journal: Journal | None, entry: Entry, where: str, error: object) -> str:
     """A store write of ``entry`` failed: journal it unless it came from the journal, and say
-    so. Returns the result both store paths (mlflow's and the REST one) report for it."""
+    so, in one line that says what happens next. Returns the result both store paths (mlflow's
+    and the REST one) report for it."""
     if journal is not None and entry.path is None:
         journal.keep(entry)
-    kept = f"; kept in the journal ({entry.path})" if entry.path else ""
+    if entry.path:
+        next_step = f"kept in the journal ({entry.path})"
+    else:
+        why = journal.unusable if journal is not None and journal.unusable else "no journal"
+        next_step = (
+            f"and it could not be journaled ({why}): the run stays RUNNING until "
+            "`lifeguard sweep` ends it"
+        )
     logger().warning(
-        "lifeguard: could not end run %s as %s at %s: %s%s",
+        "lifeguard: could not end run %s as %s at %s: %s; %s",
         entry.run_id,
         entry.status,
         where,
-        error,
-        kept,
+        _first_line(error),
+        next_step,
     )
     return JOURNALED if entry.path else FAILED
+
+
+def _first_line(error: object) -> str:
+    """One line of an error's text: a server's answer can be a whole HTML page."""
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__

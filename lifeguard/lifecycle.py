@@ -1,8 +1,9 @@
 """The per-process lifecycle: INSTALLED -> FINALIZING -> DONE, and the outcome it ends with.
 
-The hooks report events (an exit code, an uncaught exception, a signal); the lifecycle keeps the
-last one, because the last event is the one that actually ends the process, and runs the
-finalizers exactly once, at the first moment the end is certain.
+The hooks report events (an exit call, an uncaught exception); the lifecycle keeps the last few,
+and at exit asks ``lifeguard.ending`` which of them really ended the program (one the program
+caught and carried on from did not). The signal path finalizes for its signal itself. Either
+way, the finalizers run exactly once, at the first moment the end is certain.
 """
 
 from __future__ import annotations
@@ -19,12 +20,19 @@ from lifeguard.signals import die
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from types import TracebackType
+
     from lifeguard.channel import Channel
+    from lifeguard.ending import Event
     from lifeguard.finalizers import Report
     from lifeguard.options import Options
     from lifeguard.outcome import Outcome
 
 __all__ = ["Lifecycle", "Phase", "current", "set_current"]
+
+
+# How many of the latest events are kept (see Lifecycle._note).
+KEPT_EVENTS = 8
 
 
 class Phase:
@@ -40,7 +48,13 @@ class Lifecycle:
         self.registry = registry
         self.pid = os.getpid()
         self.phase = Phase.INSTALLED
+        # The outcome finalize() ran (or runs) with.
         self.outcome: Outcome | None = None
+        # The last exit calls and exceptions the hooks noted, oldest first (see note_exit).
+        self.events: list[Event] = []
+        # The exception the interpreter is exiting with, once atexit has decided (hooks.py
+        # keeps CPython's Ctrl-C exit for an uncaught KeyboardInterrupt).
+        self.exit_exception: BaseException | None = None
         # A non-blocking acquire is one C call: atomic against threads *and* against a signal
         # handler interrupting this very thread, which a check-then-set on an attribute is not.
         self._once = _thread.allocate_lock()
@@ -101,9 +115,11 @@ class Lifecycle:
     # -- events from the hooks -------------------------------------------------------------------
 
     def note_exit(self, code: object, caller: object = None) -> None:
-        from lifeguard.outcome import Outcome
+        from lifeguard.ending import Event
 
-        self.outcome = Outcome.exited(code)
+        # Whether this exit ends the program is known only at exit: the program may catch the
+        # SystemExit and carry on (lifeguard.ending).
+        self._note(Event.of_exit(code))
         # SystemExit unwinds the stack and CPython clears it before atexit runs: every object
         # the program's frames held is collected then, and a __del__ that ends a run (the
         # HuggingFace MLflowCallback's, verl's Tracking) would end it FINISHED before lifeguard
@@ -111,19 +127,21 @@ class Lifecycle:
         # (an exception's traceback already does this for the excepthook path).
         self.keep_alive = caller
 
-    def note_exception(self, exc: BaseException) -> None:
-        from lifeguard.outcome import Outcome
+    def note_exception(self, exc: BaseException, tb: TracebackType | None) -> None:
+        if isinstance(exc, SystemExit):
+            # Printed, not exited with: the REPL of `python -i` shows the script's SystemExit
+            # and carries on. The exit it was raised for is not how the process ends.
+            self.events.clear()
+            return
+        from lifeguard.ending import Event
 
-        self.outcome = Outcome.raised(exc)
+        self._note(Event.of_exception(exc, tb))
 
-    def note_signal(self, signum: int) -> None:
-        from lifeguard.outcome import Outcome
-
-        self.outcome = Outcome.signalled(signum)
-
-    def forget_signal(self, signum: int) -> None:
-        if self.outcome is not None and self.outcome.signum == signum:
-            self.outcome = None
+    def _note(self, event: Event) -> None:
+        # The event that ends the program is the last or nearly so: only code that runs while
+        # it unwinds (a finally block printing an error from C) can come after it. A REPL shows
+        # thousands; keep a few.
+        self.events = [*self.events[-(KEPT_EVENTS - 1) :], event]
 
     def on_threading_shutdown(self) -> None:
         """The interpreter's first step once the program's main code is over, however it ended
@@ -142,16 +160,7 @@ class Lifecycle:
                 # process dies of that signal, not of this exit.
                 self.hooks.signals.die_if_ending()
                 if self.phase == Phase.INSTALLED:
-                    if not self.registry.has_work():
-                        # Nothing to end (no tracker imported, no finalizer of the program's):
-                        # no outcome to build, and none of the imports that would cost.
-                        self._skip()
-                    else:
-                        self.exiting = True
-                        # Before any finalizer thread imports what it needs (again: threading's
-                        # shutdown may not have called us, and a no-op if it did).
-                        self._release_stranded_imports()
-                        self.finalize(self.outcome or _unreported_outcome())
+                    self._end_at_exit()
         finally:
             self.keep_alive = None  # the program's own __del__ cleanups may run now
             # Statuses left only journaled (a write that failed or ran out of time) get a
@@ -160,6 +169,29 @@ class Lifecycle:
             lastgasp = sys.modules.get("lifeguard.lastgasp")
             if lastgasp is not None and self.owns_process():
                 lastgasp.leave_replayer()
+
+    def _end_at_exit(self) -> None:
+        has_work = self.registry.has_work()
+        event = None
+        if self.events or has_work:
+            from lifeguard.ending import final
+
+            # Asked whenever the hooks saw an event, work or not: CPython's Ctrl-C exit is kept
+            # for an uncaught KeyboardInterrupt (hooks.py), and only for one.
+            event = final(self.events)
+            self.exit_exception = event.exception if event is not None else None
+        if not has_work:
+            # Nothing to end (no tracker imported, no finalizer of the program's, no run open):
+            # no outcome to build, and none of the imports that would cost.
+            self._skip()
+            return
+        from lifeguard.ending import returned
+
+        self.exiting = True
+        # Before any finalizer thread imports what it needs (again: threading's shutdown may not
+        # have called us, and a no-op if it did).
+        self._release_stranded_imports()
+        self.finalize(event.outcome if event is not None else returned())
 
     def _release_stranded_imports(self) -> None:
         from lifeguard.importlocks import release_stranded
@@ -183,10 +215,15 @@ class Lifecycle:
         self.phase = Phase.FINALIZING
         self.outcome = outcome
         reports: list[Report] = []
+        signals = self.hooks.signals
         try:
             if "logging" in sys.modules:  # never import logging just for this line
                 logger().debug("lifeguard: finalizing with %r", outcome)
-            reports = self.registry.run_all(outcome, self.options.deadline)
+            signals.guard()  # from the main thread: a Ctrl-C now ends the process
+            try:
+                reports = self.registry.run_all(outcome, self.options.deadline)
+            finally:
+                signals.unguard()
             return reports
         finally:
             self.phase = Phase.DONE
@@ -207,6 +244,8 @@ class Lifecycle:
         self._finalized = _thread.allocate_lock()
         self._finalized.acquire()
         self.outcome = None
+        self.events = []
+        self.exit_exception = None
         self.die_after = None
         self.finalize_started = None
         self.keep_alive = None
@@ -224,23 +263,6 @@ class Lifecycle:
         self.hooks.uninstall()
         if self.phase == Phase.INSTALLED:
             self.phase = Phase.UNINSTALLED
-
-
-def _unreported_outcome() -> Outcome:
-    """No hook saw how the process ends: main returned, or something bypassed our hooks."""
-    from lifeguard.outcome import Outcome
-
-    # CPython stores an uncaught exception in sys.last_value *before* it calls sys.excepthook,
-    # so this still sees the crash when another library (rich, IPython) replaced our excepthook
-    # without chaining it.
-    last = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
-    if isinstance(last, BaseException) and not isinstance(last, SystemExit):
-        return Outcome.raised(last)
-    # A bare `raise SystemExit(n)` also lands here: invisible in-process on 3.11 (README,
-    # Limitations); `lifeguard run` knows the real status, hence "assumed".
-    outcome = Outcome.exited(0)
-    outcome.assumed = True
-    return outcome
 
 
 # The lifecycle install() set up in this process. Held here, in the domain module, so that the

@@ -21,6 +21,7 @@ import threading
 import time
 
 from lifeguard._log import logger
+from lifeguard._threads import take_no_signals
 from lifeguard.options import parse_signals
 
 TYPE_CHECKING = False
@@ -95,6 +96,7 @@ def _tag_value(signum: int, stamp: int) -> str:
 def _tag_runs(signum: int, stamp: int) -> None:
     import sys
 
+    take_no_signals()
     fluent = sys.modules.get("mlflow.tracking.fluent")
     if fluent is None:
         return

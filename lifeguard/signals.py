@@ -19,10 +19,15 @@
    the process at once, and the statuses land afterwards from the journal or the watchdog.
 
 The Python-level handler, run by the main thread when it gets to it, only makes sure the ender
-has started (the wakeup fd may have been taken by another library, e.g. asyncio) and parks.
-Signals whose previous handler was a Python callable (the program's own, Ray's,
-``default_int_handler``) are the main thread's business: that handler is called there, as it
-would have been without lifeguard (see ``_chain``). An ignored signal is not hooked at all.
+has started and parks. Signals whose previous handler was a Python callable (the program's own,
+Ray's) are the main thread's business: that handler is called there, as it would have been
+without lifeguard (see ``_chain``). Python's own ``default_int_handler`` is not even replaced:
+Ctrl-C raises KeyboardInterrupt exactly as without lifeguard (asyncio.run, a REPL and a Jupyter
+kernel look for that handler), and the hooks see it only if it ends the program
+(``lifeguard.ending``); lifeguard's handler stands in for it only while finalizing (``guard``).
+An ignored signal is not hooked at all. A signal a library hands back to its default action
+(asyncio's loop, closing) is lifeguard's again, and the wakeup fd the program sets is its own
+view: the listener keeps the interpreter's (``_wrap_dispositions``).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import os
 import sys
 import time
 
+from lifeguard._threads import take_no_signals
 from lifeguard.names import PACKAGES
 
 TYPE_CHECKING = False
@@ -45,7 +51,7 @@ if TYPE_CHECKING:
 
     Handler = Callable[[int, FrameType | None], object] | int | None
 
-    class Ending(Protocol):
+    class Finalization(Protocol):
         """What the signal path needs of the process's lifecycle (``lifeguard.lifecycle``
         implements it): its phase, and the one finalization that every ending goes through."""
 
@@ -64,8 +70,6 @@ if TYPE_CHECKING:
         def finalize(self, outcome: Outcome) -> object: ...
         def wait_finalized(self, timeout: float) -> None: ...
         def die_after_finalizing(self, signum: int) -> None: ...
-        def note_signal(self, signum: int) -> None: ...
-        def forget_signal(self, signum: int) -> None: ...
 
 else:
     # The C module, not `signal`: that one pulls in enum and functools, ~4 ms, twice install()'s
@@ -73,6 +77,11 @@ else:
     import _signal
 
 __all__ = ["REPEAT_WINDOW", "SignalWatch", "die", "die_by_signal", "die_from_any_thread"]
+
+# The interpreter's own functions, before a SignalWatch wraps them (see _wrap_dispositions): every
+# call of lifeguard's goes to these.
+_set_handler = _signal.signal
+_set_wakeup_fd = _signal.set_wakeup_fd
 
 # Two deliveries of the same signal closer than this are one stop, not an escalation. slurmd
 # sends each srun task two SIGTERMs 3-9 ms apart on a time limit or a preemption; a person's
@@ -85,7 +94,7 @@ def die_by_signal(signum: int) -> None:
     try:
         _last_gasp()
         if signum != _signal.SIGKILL:  # SIGKILL's disposition is always the default
-            _signal.signal(signum, _signal.SIG_DFL)
+            _set_handler(signum, _signal.SIG_DFL)
             _signal.pthread_sigmask(_signal.SIG_UNBLOCK, {signum})
         _signal.raise_signal(signum)
     finally:
@@ -194,7 +203,7 @@ DEATH_WAIT = 5.0
 class SignalWatch:
     """The signal side of one lifecycle: handlers, the listener thread and the ender."""
 
-    def __init__(self, lifecycle: Ending, on_unwind: Callable[[], object]) -> None:
+    def __init__(self, lifecycle: Finalization, on_unwind: Callable[[], object]) -> None:
         self._lifecycle = lifecycle
         # Called when a chained handler raises (KeyboardInterrupt unwinding through the
         # program): lifeguard's atexit hook must come before the trackers' own (hooks.py).
@@ -202,6 +211,11 @@ class SignalWatch:
         self.saved: dict[int, Handler] = {}
         # Signals whose previous action was the default: lifeguard ends the process for these.
         self.takeover: frozenset[int] = frozenset()
+        # Signals left to Python's own default_int_handler (Ctrl-C's KeyboardInterrupt, which
+        # asyncio.run, a REPL and a Jupyter kernel each expect to find in place): lifeguard's
+        # handler stands in for it only while finalizing (see guard), so that a second Ctrl-C
+        # then means "now".
+        self.watched: frozenset[int] = frozenset()
         # The first signal taken over and when it came; None until one comes.
         self.first: tuple[int, float] | None = None
         self._first_lock = _thread.allocate_lock()
@@ -210,7 +224,13 @@ class SignalWatch:
         self.in_handler_for: int | None = None
         self._read_fd = -1
         self._write_fd = -1
+        # The wakeup fd the program believes is set (asyncio's self-pipe, say): it gets every
+        # byte the listener reads. Changed under _forward_lock, so that once the program's
+        # set_wakeup_fd(-1) has returned, nothing more is written to an fd it may close.
         self._previous_fd = -1
+        self._forward_lock = _thread.allocate_lock()
+        # The C functions the program calls, while lifeguard's wrappers stand in for them.
+        self._wrapped: dict[str, object] = {}
         self._parked = False
         # Set once the ender thread is started: the process is on its way to die of a signal.
         self.ending = False
@@ -229,6 +249,7 @@ class SignalWatch:
 
     def install(self, signals: tuple[int, ...]) -> None:
         """Main thread only: Python allows signal handlers to be set nowhere else."""
+        watched = []
         for signum in signals:
             previous = _unwrap(signum, _signal.getsignal(signum))
             if previous == _signal.SIG_IGN or previous is None:
@@ -236,8 +257,12 @@ class SignalWatch:
                 # None: a handler set from C that Python cannot call, so it cannot be chained;
                 # replacing it would lose it.
                 continue
+            # Python's default_int_handler stays (set again to itself: the same check of the
+            # thread as for the others): Ctrl-C raises KeyboardInterrupt as without lifeguard,
+            # and the excepthook and atexit see it only if it ends the program.
+            keep = previous is _signal.default_int_handler
             try:
-                _signal.signal(signum, self.handler)
+                _set_handler(signum, previous if keep else self.handler)
             except ValueError:  # "signal only works in main thread of the main interpreter"
                 self.restore()
                 raise RuntimeError(
@@ -246,34 +271,57 @@ class SignalWatch:
                     "program start, or pass signals=() to hook only atexit, excepthook and "
                     "sys.exit."
                 ) from None
+            if keep:
+                watched.append(signum)
             self.saved[signum] = previous
+        self.watched = frozenset(watched)
         self.takeover = frozenset(s for s, p in self.saved.items() if p == _signal.SIG_DFL)
         if self.takeover:
             self._start_listener()
+            self._wrap_dispositions()
 
     def restore(self) -> None:
         """Put back the previous handlers where lifeguard's is still the one in place: a handler
         the program installed after lifeguard's is the program's, and stays."""
+        self._unwrap_dispositions()
         for signum, previous in self.saved.items():
             if _signal.getsignal(signum) == self.handler:
-                _signal.signal(signum, previous)
+                _set_handler(signum, previous)
         self.saved.clear()
         self._stop_listener()
+
+    def guard(self) -> None:
+        """Main thread, as finalizing begins: lifeguard's handler stands in for
+        ``default_int_handler`` on the watched signals, so that a Ctrl-C now ends the process
+        (at once, or once the finalizers are done) instead of raising KeyboardInterrupt into
+        them. :meth:`unguard` puts Python's back."""
+        if not is_main_thread():
+            return
+        for signum in self.watched:
+            if _signal.getsignal(signum) is _signal.default_int_handler:
+                _set_handler(signum, self.handler)
+
+    def unguard(self) -> None:
+        if not is_main_thread():
+            return
+        for signum in self.watched:
+            if _signal.getsignal(signum) == self.handler:
+                _set_handler(signum, _signal.default_int_handler)
 
     def _start_listener(self) -> None:
         from lifeguard._fds import pipe
 
         self._read_fd, self._write_fd = pipe()
         os.set_blocking(self._write_fd, False)  # the C handler must never block
-        self._previous_fd = _signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
+        self._previous_fd = _set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
         _thread.start_new_thread(self._listen, ())
 
     def _stop_listener(self) -> None:
         if self._write_fd == -1:
             return
         try:
-            if _signal.set_wakeup_fd(self._previous_fd) != self._write_fd:
-                _signal.set_wakeup_fd(_signal.set_wakeup_fd(-1))  # someone else's: keep it
+            if _set_wakeup_fd(self._previous_fd) != self._write_fd:
+                _set_wakeup_fd(_set_wakeup_fd(-1))  # someone else's: keep it
         except ValueError:  # not the main thread: leave the wakeup fd as it is
             return
         os.close(self._write_fd)  # EOF ends the listener
@@ -283,16 +331,85 @@ class SignalWatch:
         """The pipe is shared with the parent, whose listener did not survive the fork: give the
         child back the wakeup fd it had before lifeguard."""
         try:
-            _signal.set_wakeup_fd(self._previous_fd)
+            _set_wakeup_fd(self._previous_fd)
         except ValueError:
             pass
+
+    # -- dispositions the program sets, and hands back ----------------------------------------
+
+    def _wrap_dispositions(self) -> None:
+        """Keep lifeguard's signal path in force when a library hands the signals back.
+
+        asyncio's ``loop.add_signal_handler`` takes a signal (the program's choice, which
+        stands) and the wakeup fd; when the loop closes it sets the signal back to SIG_DFL and
+        the wakeup fd to -1, and without this a SIGTERM during the synchronous training that
+        follows would kill the process unheard. So, while lifeguard is installed:
+
+        - ``signal.signal(sig, SIG_DFL)`` for a signal lifeguard took over gives it back to
+          lifeguard, whose handler is the default action plus the finalizers;
+        - ``signal.set_wakeup_fd(fd)`` sets the fd the program sees (returned, and given every
+          byte, by the listener) while the listener's pipe stays the interpreter's wakeup fd.
+
+        ``signal.signal`` looks ``_signal.signal`` up at each call, so wrapping the C function is
+        enough; ``signal.set_wakeup_fd`` is bound at ``import signal``, so it is wrapped in both
+        modules."""
+        watch = self
+
+        def signal(signalnum: int, handler: Handler, /) -> Handler:
+            previous = _set_handler(signalnum, handler)
+            watch._handed_back(signalnum, handler)
+            return previous
+
+        def set_wakeup_fd(fd: int, /, *, warn_on_full_buffer: bool = True) -> int:
+            return watch._set_program_wakeup_fd(fd, warn_on_full_buffer)
+
+        for name, wrapper, original in (
+            ("signal", signal, _set_handler),
+            ("set_wakeup_fd", set_wakeup_fd, _set_wakeup_fd),
+        ):
+            wrapper.__name__ = wrapper.__qualname__ = name
+            wrapper.__doc__ = original.__doc__
+            self._wrapped[name] = wrapper
+            setattr(_signal, name, wrapper)
+        module = sys.modules.get("signal")
+        if getattr(module, "set_wakeup_fd", None) is _set_wakeup_fd:
+            setattr(module, "set_wakeup_fd", set_wakeup_fd)  # noqa: B010 - a module of the stdlib
+
+    def _unwrap_dispositions(self) -> None:
+        for name, original in (("signal", _set_handler), ("set_wakeup_fd", _set_wakeup_fd)):
+            wrapper = self._wrapped.pop(name, None)
+            if wrapper is None:
+                continue
+            if getattr(_signal, name) is wrapper:
+                setattr(_signal, name, original)
+            module = sys.modules.get("signal")
+            if module is not None and getattr(module, name, None) is wrapper:
+                setattr(module, name, original)
+
+    def _handed_back(self, signalnum: int, handler: Handler) -> None:
+        if (
+            handler == _signal.SIG_DFL
+            and signalnum in self.takeover
+            and self._lifecycle.owns_process()
+            and self._lifecycle.is_installed()
+        ):
+            _set_handler(signalnum, self.handler)
+
+    def _set_program_wakeup_fd(self, fd: int, warn_on_full_buffer: bool) -> int:
+        if not self._lifecycle.owns_process() or self._write_fd == -1:
+            return _set_wakeup_fd(fd, warn_on_full_buffer=warn_on_full_buffer)
+        # The interpreter checks the call (main thread, an fd it can use) and raises as it
+        # would without lifeguard; then the listener's pipe is put back at once.
+        _set_wakeup_fd(fd, warn_on_full_buffer=warn_on_full_buffer)
+        _set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
+        with self._forward_lock:
+            previous, self._previous_fd = self._previous_fd, fd
+        return previous
 
     # -- the listener thread -------------------------------------------------------------------
 
     def _listen(self) -> None:
-        # Signals are the main thread's to take: delivered here instead, a main thread blocked
-        # in a system call would never be interrupted to run its handler.
-        _signal.pthread_sigmask(_signal.SIG_BLOCK, _signal.valid_signals())
+        take_no_signals()
         while True:
             if self.die_by is not None and not self._readable_before(self.die_by):
                 self._overdue()
@@ -304,14 +421,19 @@ class SignalWatch:
             if not data:
                 os.close(self._read_fd)
                 return
-            if self._previous_fd != -1:
-                try:
-                    os.write(self._previous_fd, data)  # asyncio's self-pipe, say
-                except OSError:
-                    pass  # a full or closed self-pipe: its owner has that problem without us
+            with self._forward_lock:
+                if self._previous_fd != -1:
+                    try:
+                        os.write(self._previous_fd, data)  # asyncio's self-pipe, say
+                    except OSError:
+                        pass  # a full or closed self-pipe: its owner has that problem alone
             now = time.time()
             for signum in data:
                 if signum in self.takeover and _signal.getsignal(signum) == self.handler:
+                    self.notice(signum, now, escalate=True)
+                elif signum in self.watched and self.ending:
+                    # Ctrl-C while the ender ends the process for another signal: now. (The
+                    # main thread may be stuck in C, and never run a handler.)
                     self.notice(signum, now, escalate=True)
             self._bound_the_wait()
 
@@ -427,9 +549,8 @@ class SignalWatch:
         """The ender thread: finalize, then die of the signal."""
         from lifeguard.outcome import Outcome
 
-        # Started from the main thread's handler, this thread inherited its signal mask: signals
-        # are the main thread's (and the listener's wakeup fd's) to take.
-        _signal.pthread_sigmask(_signal.SIG_BLOCK, _signal.valid_signals())
+        # Started from the main thread's handler, this thread inherited its signal mask.
+        take_no_signals()
         # The main thread runs on; it must not make the finalizers wait for the GIL the whole
         # 5 ms switch interval each time they hand it over for I/O.
         sys.setswitchinterval(0.0005)
@@ -496,6 +617,9 @@ class SignalWatch:
                 # tracker that keeps its current run in a ContextVar (trackio) finds it there.
                 self.main_context = contextvars.copy_context()
             if self.ending:
+                # A Ctrl-C from now on ends the process at once, rather than raise
+                # KeyboardInterrupt into a main thread that waits for its death.
+                self.guard()
                 if _holds_nothing(frame):
                     # Interrupted outside every tracker, import and logging call: nothing the
                     # finalizers need is held here. Wait right here for the ender to end the
@@ -511,19 +635,20 @@ class SignalWatch:
         ``default_int_handler``) decides what the signal means, in the main thread, as it would
         have without lifeguard."""
         lifecycle = self._lifecycle
-        active = lifecycle.is_installed()
         if not callable(previous):  # SIG_DFL without a listener: cannot happen; be the default
             die_by_signal(signum)
             return
+        if self.ending or (lifecycle.is_finalizing() and lifecycle.finalizing_for_a_signal()):
+            die_by_signal(signum)  # another signal while the process ends for one: now
         if lifecycle.is_finalizing():
-            if lifecycle.finalizing_for_a_signal():
-                die_by_signal(signum)  # a second signal while finalizing for one: now
             # The first signal while finalizing an exit or a crash: those finalizers finish,
             # then the process dies of it.
             lifecycle.die_after_finalizing(signum)
             return
-        if active:
-            lifecycle.note_signal(signum)
+        # Nothing is noted: if the handler raises (KeyboardInterrupt) and nothing catches it,
+        # the excepthook sees how the program ends; if the handler returns, or the program
+        # catches what it raised, the program lives on as without lifeguard.
+        active = lifecycle.is_installed()
         outer, self.in_handler_for = self.in_handler_for, signum
         try:
             previous(signum, frame)
@@ -544,8 +669,6 @@ class SignalWatch:
             raise
         finally:
             self.in_handler_for = outer
-        if active:
-            lifecycle.forget_signal(signum)  # it returned: the program lives on
 
     # -- parking the main thread ---------------------------------------------------------------
 

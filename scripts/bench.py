@@ -10,6 +10,9 @@ alike. Goals (docs/design.md section 4):
   SIGTERM -> exit, KILLED   <= 1.10x a hand-written handler (tag reason, end_run, re-kill)
   Ctrl-C -> exit, KILLED    <= 1.10x the same program without lifeguard (a loop logging with
                             synchronous=False: MLflow's exit hook flushes, in both)
+  nothing to do             <= 1.05x the same program without lifeguard, and no file: one that
+                            imports mlflow and starts no run, one whose `with start_run():`
+                            block ends its own run
   watchdog                  start < 100 ms added to install(); idle RSS < 20 MiB, no CPU;
                             SIGKILL -> run KILLED < 2 s
   dead server               exit within the deadline (< 30 s); raw MLflow's end_run: 247 s
@@ -407,6 +410,55 @@ def bench_dead_server(rounds: int, raw: bool) -> dict[str, object]:
     return result
 
 
+_IMPORT_ONLY = "import mlflow\n"
+_WITH_BLOCK = """
+import mlflow
+with mlflow.start_run():
+    mlflow.log_metric("m", 1.0)
+"""
+
+
+def bench_nothing_to_do(rounds: int) -> dict[str, object]:
+    """Whole processes where lifeguard has nothing to end, each against the same program
+    without it (issue 23: nothing to do costs nothing): a program that imports mlflow and starts
+    no run (in an empty directory, no tracking URI: MLflow's default sqlite store would be
+    created if anything opened it), and one whose ``with mlflow.start_run():`` block ends its
+    own run (a sqlite store, migrated once beforehand)."""
+    install = "import lifeguard; lifeguard.install()\n"
+    result: dict[str, object] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "LIFEGUARD_"))}
+        env["LIFEGUARD_JOURNAL_DIR"] = os.path.join(tmp, "journal")
+        empty = os.path.join(tmp, "empty")
+        os.mkdir(empty)
+
+        def whole(code: str, cwd: str, environ: dict[str, str]) -> Callable[[], float]:
+            def one() -> float:
+                start = time.perf_counter()
+                subprocess.run([PY, "-c", code], check=True, cwd=cwd, env=environ)
+                return time.perf_counter() - start
+
+            return one
+
+        bare, guarded = interleave(
+            rounds, whole(_IMPORT_ONLY, empty, env), whole(install + _IMPORT_ONLY, empty, env)
+        )
+        result["import mlflow, no run (s)"] = bare
+        result["install(); import mlflow, no run (s)"] = guarded
+        result["no run: ratio"] = guarded / bare
+        result["no run: files created"] = ", ".join(sorted(os.listdir(empty))) or "none"
+        store = dict(env, MLFLOW_TRACKING_URI=f"sqlite:///{os.path.join(tmp, 'mlflow.db')}")
+        _run("import mlflow; mlflow.search_experiments()", store)  # create and migrate once
+        bare, guarded = interleave(
+            rounds, whole(_WITH_BLOCK, tmp, store), whole(install + _WITH_BLOCK, tmp, store)
+        )
+        result["with start_run(): one metric (s)"] = bare
+        result["the same with install() (s)"] = guarded
+        result["with start_run(): ratio"] = guarded / bare
+    result["goal"] = "<= 1.05x, no file"
+    return result
+
+
 def bench_demo(rounds: int) -> dict[str, object]:
     """`lifeguard demo` end to end, as a newcomer runs it: wall time of the whole command. It
     takes seconds, so a few rounds at most (the median of min(rounds, 3))."""
@@ -465,6 +517,22 @@ TABLE: list[tuple[str, str, str, str, str | None, str]] = [
         "+ < 5 ms",
     ),
     ("install", "install() (ms)", "install() cold, first call (ms)", "", None, "< 2 ms"),
+    (
+        "nothing-to-do",
+        "install(); import mlflow, no run: whole process (s)",
+        "install(); import mlflow, no run (s)",
+        "without lifeguard",
+        "import mlflow, no run (s)",
+        "<= 1.05x, no file",
+    ),
+    (
+        "nothing-to-do",
+        "with start_run(): one metric, whole process (s)",
+        "the same with install() (s)",
+        "without lifeguard",
+        "with start_run(): one metric (s)",
+        "<= 1.05x",
+    ),
     (
         "sigterm",
         "SIGTERM -> exit, run KILLED (ms)",
@@ -545,6 +613,7 @@ def main() -> int:
             "install",
             "sigterm",
             "ctrl-c",
+            "nothing-to-do",
             "watchdog",
             "dead-server",
             "demo",
@@ -572,6 +641,7 @@ def main() -> int:
         "install": bench_install,
         "sigterm": bench_sigterm,
         "ctrl-c": bench_ctrl_c,
+        "nothing-to-do": bench_nothing_to_do,
         "watchdog": bench_watchdog,
         "dead-server": lambda rounds: bench_dead_server(rounds, not args.no_raw_dead_server),
         "demo": bench_demo,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 
 from lifeguard._log import logger
+from lifeguard._threads import take_no_signals
 from lifeguard.backends.mlflow import active
 
 TYPE_CHECKING = False
@@ -41,7 +42,27 @@ class MlflowFinalizer:
         self._plan: Plan | None = None
 
     def applies(self) -> bool:
-        return "mlflow.tracking.fluent" in sys.modules
+        """Whether a run of this process may still be open: one on an active-run stack (not
+        inherited, not attached), one created outside ``start_run``, or one that an uncaught
+        exception cut off in ``start_run``/``end_run``. Memory only. Without one, finalizing
+        costs nothing: no client, no store opened (a default sqlite store would be created and
+        migrated, seconds of exit time), no output."""
+        fluent = sys.modules.get("mlflow.tracking.fluent")
+        if fluent is None:
+            return False
+        if self._plan is not None and self._plan.entries:
+            return True
+        skip = self.not_ours()
+        try:
+            if any(run.info.run_id not in skip for _, run in active.active_runs(fluent)):  # type: ignore[attr-defined]
+                return True
+        except Exception:  # noqa: BLE001 - MLflow's internals moved: look the long way
+            return True
+        return active.created_outside_fluent_here() or _raised_in_run_change()
+
+    def not_ours(self) -> frozenset[str]:
+        """The runs on the stacks that this process must leave alone."""
+        return self.inherited | (frozenset() if self.end_attached else self.attached)
 
     def prepare(self, outcome: Outcome) -> None:
         """Before any finalizer runs: journal every run's final status, with its true end time.
@@ -100,7 +121,7 @@ class Plan:
         # Each run is ended in the store it was started in, whatever the tracking URI is now.
         store_of = stores.of_active_runs(fluent)
         defer_to = _supervisor_for(outcome)
-        skip = finalizer.inherited | (frozenset() if finalizer.end_attached else finalizer.attached)
+        skip = finalizer.not_ours()
         main_stack = _main_thread_stack(fluent)
         entries: list[Entry] = []
         spellings: dict[str, stores.Store] = {}
@@ -605,6 +626,7 @@ def _flush_through_mlflow(fluent: object, budget: float | None) -> None:
     done = threading.Event()
 
     def flush() -> None:
+        take_no_signals()
         try:
             fluent.flush_async_logging()  # type: ignore[attr-defined]
         except Exception as exc:  # noqa: BLE001 - a failed flush must not stop the status write

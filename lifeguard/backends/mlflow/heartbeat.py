@@ -25,6 +25,7 @@ import threading
 import time
 
 from lifeguard._log import logger
+from lifeguard._threads import take_no_signals
 from lifeguard.backends.mlflow import active
 from lifeguard.names import TAG_HEARTBEAT
 
@@ -74,6 +75,7 @@ class Heartbeat:
         self._thread = None
 
     def _run(self) -> None:
+        take_no_signals()
         next_beat = time.monotonic() + self.interval
         while not self._stop.wait(min(ADOPT_EVERY, self.interval)):
             if time.monotonic() >= next_beat:

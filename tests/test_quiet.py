@@ -1,0 +1,250 @@
+"""Nothing to do costs nothing, and nowhere to journal is handled quietly and truthfully
+(issue 23).
+
+A program that imports mlflow and starts no run (a data-prep step, a shared entry point) gets no
+client, no store file and no output from lifeguard. A process whose user has no home, or a
+read-only one, journals in a private place of its own on the host, creates nothing elsewhere,
+and says nothing unless a status is really lost for now: then one line, that says what happens.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sqlite3
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lifeguard.demo import run_child
+from tests.conftest import CHILD_TIMEOUT, Store, child_env
+
+pytestmark = pytest.mark.slow
+
+INSTALL = "import lifeguard; lifeguard.install()\n"
+WAIT_FOR_SIGTERM = (
+    "import json, time\n"
+    "print('LIFEGUARD-READY ' + json.dumps({'pid': __import__('os').getpid()}), flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+def bare_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LIFEGUARD_", "MLFLOW_"))}
+    env.update(PYTHONWARNINGS="ignore", **extra)
+    return env
+
+
+@pytest.mark.parametrize("shape", ["returns", "python -W error", "a tracking uri never used"])
+def test_importing_mlflow_without_a_run_leaves_no_file_and_no_output(
+    tmp_path: Path, shape: str
+) -> None:
+    """``install(); import mlflow`` in an empty directory: no ``mlflow.db`` (MLflow's default
+    store, created and migrated by the first client), nothing on stderr, the same exit as
+    without lifeguard."""
+    results = {}
+    for on in (False, True):
+        cwd = tmp_path / f"work-{on}"
+        cwd.mkdir()
+        never = tmp_path / f"never-{on}.db"
+        env = bare_env(LIFEGUARD_JOURNAL_DIR=str(tmp_path / "journal"))
+        if shape == "a tracking uri never used":
+            env["MLFLOW_TRACKING_URI"] = f"sqlite:///{never}"
+        flags = ["-W", "error"] if shape == "python -W error" else []
+        results[on] = subprocess.run(
+            [sys.executable, *flags, "-c", (INSTALL if on else "") + "import mlflow\n"],
+            cwd=cwd,
+            env={**env, **({"PYTHONWARNINGS": "error"} if flags else {})},
+            capture_output=True,
+            text=True,
+            timeout=CHILD_TIMEOUT,
+        )
+        assert list(cwd.iterdir()) == [], results[on].stderr
+        assert not never.exists()
+    assert results[True].returncode == results[False].returncode == 0, results[True].stderr
+    assert results[True].stderr == results[False].stderr
+
+
+def test_a_sigterm_with_no_run_leaves_no_file_and_no_output(tmp_path: Path) -> None:
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    result = run_child(
+        [sys.executable, "-c", INSTALL + "import mlflow\n" + WAIT_FOR_SIGTERM],
+        env=bare_env(LIFEGUARD_JOURNAL_DIR=str(tmp_path / "journal")),
+        send=(signal.SIGTERM,),
+        timeout=CHILD_TIMEOUT,
+        cwd=str(cwd),
+    )
+    assert result.returncode == -signal.SIGTERM
+    assert result.stderr == ""
+    assert list(cwd.iterdir()) == []
+    assert not (tmp_path / "journal").exists()
+
+
+def test_a_run_the_program_ended_itself_needs_nothing_at_exit(store: Store, tmp_path: Path) -> None:
+    """``with mlflow.start_run():`` ends the run in the block: lifeguard has nothing to do at
+    exit, and the program's output is the same as without it."""
+    code = (
+        "import mlflow\n"
+        "with mlflow.start_run() as run:\n"
+        "    mlflow.log_metric('m', 1.0)\n"
+        "print(run.info.run_id)\n"
+    )
+    results = {
+        on: subprocess.run(
+            [sys.executable, "-c", (INSTALL if on else "") + code],
+            env=child_env(store),
+            capture_output=True,
+            text=True,
+            timeout=CHILD_TIMEOUT,
+        )
+        for on in (False, True)
+    }
+    assert results[True].returncode == 0, results[True].stderr
+    assert results[True].stderr == results[False].stderr
+    run = store.run(results[True].stdout.strip())
+    assert run.info.status == "FINISHED"
+    assert "lifeguard.reason" not in run.data.tags  # MLflow ended it; lifeguard never wrote
+
+
+# -- no home, or a read-only one -------------------------------------------------------------
+
+PROGRAM = (
+    INSTALL
+    + "import json, time, mlflow\n"
+    + "run = mlflow.start_run()\n"
+    + "print('LIFEGUARD-READY ' + json.dumps({'run_id': run.info.run_id}), flush=True)\n"
+    + "time.sleep(60)\n"
+)
+
+
+def no_home_env(store: Store, home: Path, tmp: Path, **extra: str) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in child_env(store).items()
+        if k not in ("LIFEGUARD_JOURNAL_DIR", "XDG_CACHE_HOME", "XDG_RUNTIME_DIR")
+    }
+    env.update(HOME=str(home), TMPDIR=str(tmp), **extra)
+    return env
+
+
+def test_a_user_without_a_home_journals_in_a_private_place_of_its_own(
+    store: Store, tmp_path: Path
+) -> None:
+    """HOME names a directory that does not exist (a container's user): nothing is created
+    there; the journal goes to a 0700 directory of the user's under the temporary directory;
+    the store write succeeds, so nothing is said."""
+    home = tmp_path / "nonexistent"
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    result = run_child(
+        [sys.executable, "-c", PROGRAM],
+        env=no_home_env(store, home, tmp),
+        send=(signal.SIGTERM,),
+        timeout=CHILD_TIMEOUT,
+    )
+    assert result.returncode == -signal.SIGTERM
+    assert result.stderr == ""
+    assert store.status(str(result.ready["run_id"])) == "KILLED"
+    assert not home.exists()
+    private = tmp / f"lifeguard-{os.getuid()}"
+    assert stat.S_IMODE(private.stat().st_mode) == 0o700
+    assert list((private / "journal").iterdir()) == []  # written ahead, removed once ended
+
+
+def test_a_planted_fallback_directory_is_not_used(store: Store, tmp_path: Path) -> None:
+    """The temporary directory is everyone's: a ``lifeguard-UID`` there that is not the user's
+    own private directory is refused, not written into."""
+    home = tmp_path / "nonexistent"
+    tmp = tmp_path / "tmp"
+    planted = tmp / f"lifeguard-{os.getuid()}"
+    planted.mkdir(parents=True)
+    planted.chmod(0o777)
+    result = run_child(
+        [sys.executable, "-c", PROGRAM],
+        env=no_home_env(store, home, tmp),
+        send=(signal.SIGTERM,),
+        timeout=CHILD_TIMEOUT,
+    )
+    assert result.returncode == -signal.SIGTERM
+    assert result.stderr == ""  # the store write succeeded: nothing lost, nothing said
+    assert store.status(str(result.ready["run_id"])) == "KILLED"
+    assert list(planted.iterdir()) == []
+    assert not home.exists()
+
+
+def _unshare_works() -> bool:
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "--mount", "true"], capture_output=True, timeout=30)
+    return probe.returncode == 0
+
+
+def test_a_read_only_home_is_not_written_and_nothing_is_said(store: Store, tmp_path: Path) -> None:
+    """A home mounted read-only: the journal goes elsewhere, and the store write succeeds, so
+    nothing is said (it used to print "cannot journal run" for every run)."""
+    if not _unshare_works():
+        if os.environ.get("CI"):
+            pytest.fail("a read-only bind mount needs root and unshare --mount")
+        pytest.skip("a read-only bind mount needs root and unshare --mount")
+    home = tmp_path / "home"
+    home.mkdir()
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    # A mount namespace of the child's own: the read-only bind mount goes with it.
+    script = (
+        f'mount --bind "{home}" "{home}" && mount -o remount,bind,ro "{home}" '
+        f'&& exec "{sys.executable}" -c "$0"'
+    )
+    result = run_child(
+        ["unshare", "--mount", "sh", "-c", script, PROGRAM],
+        env=no_home_env(store, home, tmp),
+        send=(signal.SIGTERM,),
+        timeout=CHILD_TIMEOUT,
+    )
+    assert result.returncode == -signal.SIGTERM, result.stderr
+    assert result.stderr == ""
+    assert store.status(str(result.ready["run_id"])) == "KILLED"
+    assert list(home.iterdir()) == []
+
+
+def test_a_status_that_cannot_be_kept_is_one_line_that_says_what_happens(
+    store: Store, tmp_path: Path
+) -> None:
+    """Nowhere to journal (the journal's path runs through a file) and a store that cannot be
+    written (another process holds sqlite's write lock past the deadline): one line per run,
+    saying the run stays RUNNING until ``lifeguard sweep`` ends it; no traceback; the exit is
+    the signal's, as without lifeguard."""
+    not_a_dir = tmp_path / "a-file"
+    not_a_dir.write_text("")
+    env = child_env(store, LIFEGUARD_JOURNAL_DIR=str(not_a_dir / "journal"), LIFEGUARD_DEADLINE="2")
+    holder: list[sqlite3.Connection] = []
+
+    def lock_the_store(ready: dict[str, object]) -> None:
+        connection = sqlite3.connect(store.path, timeout=30, isolation_level=None)
+        connection.execute("BEGIN EXCLUSIVE")
+        holder.append(connection)
+
+    try:
+        result = run_child(
+            [sys.executable, "-c", PROGRAM],
+            env=env,
+            send=(signal.SIGTERM,),
+            timeout=CHILD_TIMEOUT,
+            after_ready=lock_the_store,
+        )
+    finally:
+        for connection in holder:
+            connection.rollback()
+            connection.close()
+    assert result.returncode == -signal.SIGTERM
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"lifeguard: could not end run {result.ready['run_id']} as KILLED")
+    assert "could not be journaled" in lines[0]
+    assert "stays RUNNING until `lifeguard sweep` ends it" in lines[0]
+    assert store.status(str(result.ready["run_id"])) == "RUNNING"
