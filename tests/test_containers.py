@@ -1,0 +1,261 @@
+"""Containers and shared hosts: the guardians, the journal and the sweep in PID namespaces of
+their own (``unshare --pid --fork --mount-proc``), with the host's hostname.
+
+* Two namespaces, trainers with the same pid started in the same instant: a watchdog (or
+  ``lifeguard run``) ends only its own trainer's run; the neighbour's live run stays RUNNING
+  and later ends with its own status.
+* A trainer that is PID 1 of its namespace, with ``install(watchdog=True)``, SIGKILLed: its
+  run is KILLED (PID 1 stays behind as the watchdog; guardian/init.py).
+* A whole namespace killed at once: the sweep ends its run at the last heartbeat and touches no
+  live run of another namespace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from lifeguard import demo
+from lifeguard.owner import Owner
+from tests.conftest import CHILD_TIMEOUT, CHILDREN, Store, child_env, wait_gone
+from tests.namespaces import NS, host_pid, namespace_init, require_unshare
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+PROGRAM = str(CHILDREN / "program.py")
+NS_INIT = str(CHILDREN / "ns_init.py")
+
+
+class InNamespace:
+    """A command in a PID namespace of its own, driven like run_child: its ready line (and
+    each later line) read with a timeout, its stderr kept; ``init`` is the host pid of the
+    namespace's init."""
+
+    def __init__(self, unshare: str, cmd: Sequence[str], env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(
+            [unshare, *NS, *cmd],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.stderr_text: list[str] = []
+        threading.Thread(target=self._read_stdout, daemon=True).start()
+        threading.Thread(target=self._read_stderr, daemon=True).start()
+        self.init = self._init()
+
+    def _init(self) -> int:
+        deadline = time.monotonic() + CHILD_TIMEOUT
+        while True:  # unshare forks the init right away; bounded all the same
+            try:
+                return namespace_init(self.proc.pid)
+            except (OSError, IndexError):
+                assert time.monotonic() < deadline, "unshare started no namespace"
+                assert self.proc.poll() is None, self.stderr()
+                time.sleep(0.01)
+
+    def _read_stdout(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def _read_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        self.stderr_text.append(self.proc.stderr.read())
+
+    def send(self, text: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(text)
+        self.proc.stdin.flush()
+
+    def close_stdin(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+
+    def ready(self) -> dict[str, object]:
+        deadline = time.monotonic() + CHILD_TIMEOUT
+        while True:
+            line = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            assert line is not None, f"no ready line: {self.stderr()}"
+            if line.startswith(demo.READY):
+                info: dict[str, object] = json.loads(line[len(demo.READY) :])
+                return info
+
+    def host_pid(self, pid: object) -> int:
+        assert isinstance(pid, int)
+        return host_pid(self.init, pid)
+
+    def wait(self) -> int:
+        return self.proc.wait(CHILD_TIMEOUT)
+
+    def stderr(self) -> str:
+        if self.proc.poll() is None:
+            return "(still running)"
+        return "".join(self.stderr_text)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(CHILD_TIMEOUT)
+
+
+@pytest.fixture
+def unshare() -> str:
+    return require_unshare()
+
+
+@pytest.fixture
+def namespaces() -> Iterator[list[InNamespace]]:
+    started: list[InNamespace] = []
+    yield started
+    for ns in started:
+        ns.kill()
+
+
+def owner_of(client: MlflowClient, run_id: str) -> Owner:
+    owner = Owner.from_tags(dict(client.get_run(run_id).data.tags))
+    assert owner is not None
+    return owner
+
+
+# -- 1. a guardian never ends a neighbour's run --------------------------------------------------
+
+
+@pytest.mark.parametrize("guardian", ["watchdog", "supervisor"])
+def test_a_guardian_ends_its_own_trainers_run_and_never_a_neighbours(
+    unshare: str, store: Store, tmp_path: Path, namespaces: list[InNamespace], guardian: str
+) -> None:
+    """Two containers sharing the host's hostname and one tracking store, each with a trainer
+    that is pid 2 (watchdog) or pid 3 (under `lifeguard run`, pid 2) of its own PID namespace,
+    started in the same instant. A's trainer is SIGKILLed: A's guardian ends A's run KILLED;
+    B's live run stays RUNNING, and ends FINISHED when B's trainer returns. The guardians used
+    to match runs by host, pid and start second only, and ended B's run too (4 in 4); B's own
+    write was then refused by "never overwrite", and B's run stayed wrong for good."""
+    program = [sys.executable, PROGRAM, "--path", "SIGTERM", "--order", "after"]
+    if guardian == "watchdog":
+        cmd = [*program, "--watchdog"]
+    else:
+        cmd = [sys.executable, "-m", "lifeguard", "run", "--", *program]
+    env = child_env(store)
+    for _ in range(2):
+        namespaces.append(InNamespace(unshare, [sys.executable, NS_INIT, "--", *cmd], env))
+    a, b = namespaces
+    for ns in (a, b):
+        ns.send("go\n")  # both trainers start now
+    ready_a, ready_b = a.ready(), b.ready()
+    [run_a], [run_b] = ready_a["run_ids"], ready_b["run_ids"]  # type: ignore[misc]
+    client = store.client
+    owner_a, owner_b = owner_of(client, run_a), owner_of(client, run_b)
+    # The collision the guardians must tell apart: one hostname and boot, the same pid and
+    # start second; only the PID namespace differs.
+    assert (owner_a.host, owner_a.boot_id, owner_a.pid) == (
+        owner_b.host,
+        owner_b.boot_id,
+        owner_b.pid,
+    )
+    assert ready_a["pid"] == ready_b["pid"] == owner_a.pid
+    assert abs(owner_a.start_time - owner_b.start_time) <= 1.0, "not started in the same second"
+    assert owner_a.pid_ns != owner_b.pid_ns
+
+    trainer_a = a.host_pid(ready_a["pid"])
+    guardian_a = a.host_pid(ready_a["watchdog"]) if guardian == "watchdog" else None
+    died = int(time.time() * 1000)
+    os.kill(trainer_a, signal.SIGKILL)
+    assert a.wait() == 128 + signal.SIGKILL, a.stderr()  # ns_init waits for the guardian too
+    if guardian_a is not None:
+        wait_gone(guardian_a)  # the watchdog has done its work
+    run = client.get_run(run_a)
+    assert run.info.status == "KILLED", a.stderr()
+    assert run.data.tags["lifeguard.ended_by"] == guardian
+    assert run.info.start_time <= run.info.end_time <= int(time.time() * 1000)
+    assert run.info.end_time >= died - 1000
+    assert client.get_run(run_b).info.status == "RUNNING", "a guardian ended its neighbour's run"
+
+    b.close_stdin()  # B's trainer returns from main: its own, true ending
+    assert b.wait() == 0, b.stderr()
+    run = client.get_run(run_b)
+    assert run.info.status == "FINISHED"
+    # Under `lifeguard run` a return is handed to the supervisor, which knows the exit status
+    # exactly (a bare `raise SystemExit(n)` looks the same from inside).
+    assert run.data.tags["lifeguard.ended_by"] == ("process" if guardian == "watchdog" else guardian)
+
+
+# -- 3. PID 1 -------------------------------------------------------------------------------------
+
+# The time docs/containers.md promises from a PID-1 trainer's SIGKILL to its run KILLED, on a
+# sqlite store (the guardian imports mlflow: ~1.5 s of CPU) on a loaded 2-core machine.
+PID1_KILLED_WITHIN = 20.0
+
+
+@pytest.mark.parametrize("order", ["before", "after"])
+def test_a_pid1_trainer_with_a_watchdog_is_ended_after_a_sigkill(
+    unshare: str, store: Store, namespaces: list[InNamespace], order: str
+) -> None:
+    """`python train.py` as a container's entrypoint (PID 1) with install(watchdog=True). A
+    sidecar would be killed by the kernel with PID 1; the run stayed RUNNING. Now PID 1 stays
+    behind as the watchdog and the trainer goes on as its child: SIGKILLed (the OOM killer),
+    its run reads KILLED, ended by the watchdog, at the moment of death; the namespace's exit
+    status is the trainer's, 128 + 9 as PID 1 reports a death by signal."""
+    cmd = [sys.executable, PROGRAM, "--path", "SIGKILL", "--watchdog", "--order", order]
+    ns = InNamespace(unshare, cmd, child_env(store))
+    namespaces.append(ns)
+    ready = ns.ready()
+    [run_id] = ready["run_ids"]  # type: ignore[misc]
+    assert ready["watchdog"] == 1 and ready["pid"] != 1, ready
+    trainer = ns.host_pid(ready["pid"])
+    died = time.monotonic()
+    died_ms = int(time.time() * 1000)
+    os.kill(trainer, signal.SIGKILL)
+    assert ns.wait() == 128 + signal.SIGKILL, ns.stderr()
+    took = time.monotonic() - died
+    run = store.run(run_id)
+    assert run.info.status == "KILLED", ns.stderr()
+    assert run.data.tags["lifeguard.ended_by"] == "watchdog"
+    assert run.data.tags["lifeguard.signal"] == "SIGKILL"
+    assert died_ms - 1000 <= run.info.end_time <= died_ms + 1000
+    assert took < PID1_KILLED_WITHIN, f"{took:.1f}s from the SIGKILL to KILLED"
+    assert ns.stderr() == "", ns.stderr()  # the guardian said nothing: nothing went wrong
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "code"),
+    [
+        ("SIGTERM", "KILLED", 128 + signal.SIGTERM),
+        ("sys.exit(3)", "FAILED", 3),
+        ("return", "FINISHED", 0),
+    ],
+)
+def test_a_pid1_trainer_under_its_watchdog_ends_as_it_would_as_pid1(
+    unshare: str, store: Store, namespaces: list[InNamespace], path: str, status: str, code: int
+) -> None:
+    """What the program and the container's runtime see stays as with the program as PID 1:
+    the exit status (143 for SIGTERM sent to PID 1, as `docker stop` does: PID 1 cannot die of
+    a signal, and the trainer as PID 1 already exited 143 after lifeguard's finalization), its
+    stdout, and the run's status, written by the program itself."""
+    cmd = [sys.executable, PROGRAM, "--path", path, "--watchdog", "--order", "after"]
+    ns = InNamespace(unshare, cmd, child_env(store))
+    namespaces.append(ns)
+    ready = ns.ready()
+    [run_id] = ready["run_ids"]  # type: ignore[misc]
+    if path == "SIGTERM":
+        os.kill(ns.init, signal.SIGTERM)  # to PID 1, as `docker stop` and the kubelet do
+    assert ns.wait() == code, ns.stderr()
+    run = store.run(run_id)
+    assert run.info.status == status
+    assert run.data.tags["lifeguard.ended_by"] == "process"
+    assert "lifeguard" not in ns.stderr(), ns.stderr()
