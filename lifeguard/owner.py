@@ -307,7 +307,9 @@ def _alive_in_nested_namespace(owner: Owner) -> bool | None:
         except OSError:  # gone meanwhile, or not ours to look at
             continue
         return start is not None and abs(start - owner.start_time) <= START_TIME_TOLERANCE
-    # Processes of that namespace are in sight and none is the owner: it is gone.
+    # Processes of a namespace with that inode number are in sight and none is the owner: it
+    # is gone. (Sound even if the number was reused since: two live namespaces never share
+    # one, so a new namespace with it means the owner's is gone, and the owner with it.)
     return False if seen else None
 
 

@@ -55,7 +55,8 @@ class InNamespace:
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.stderr_text: list[str] = []
         threading.Thread(target=self._read_stdout, daemon=True).start()
-        threading.Thread(target=self._read_stderr, daemon=True).start()
+        self._stderr_reader = threading.Thread(target=self._read_stderr, daemon=True)
+        self._stderr_reader.start()
         self.init = self._init()
 
     def _init(self) -> int:
@@ -96,6 +97,14 @@ class InNamespace:
                 info: dict[str, object] = json.loads(line[len(demo.READY) :])
                 return info
 
+    def output(self) -> str:
+        """Everything printed after the ready line (or all of it, without one), once the
+        command has ended."""
+        lines = []
+        while (line := self.lines.get(timeout=CHILD_TIMEOUT)) is not None:
+            lines.append(line)
+        return "".join(lines)
+
     def host_pid(self, pid: object) -> int:
         assert isinstance(pid, int)
         return host_pid(self.init, pid)
@@ -106,6 +115,7 @@ class InNamespace:
     def stderr(self) -> str:
         if self.proc.poll() is None:
             return "(still running)"
+        self._stderr_reader.join(CHILD_TIMEOUT)  # EOF once every process holding it is gone
         return "".join(self.stderr_text)
 
     def kill(self) -> None:
@@ -192,7 +202,9 @@ def test_a_guardian_ends_its_own_trainers_run_and_never_a_neighbours(
     assert run.info.status == "FINISHED"
     # Under `lifeguard run` a return is handed to the supervisor, which knows the exit status
     # exactly (a bare `raise SystemExit(n)` looks the same from inside).
-    assert run.data.tags["lifeguard.ended_by"] == ("process" if guardian == "watchdog" else guardian)
+    assert run.data.tags["lifeguard.ended_by"] == (
+        "process" if guardian == "watchdog" else guardian
+    )
 
 
 # -- 3. PID 1 -------------------------------------------------------------------------------------
@@ -216,20 +228,22 @@ def test_a_pid1_trainer_with_a_watchdog_is_ended_after_a_sigkill(
     namespaces.append(ns)
     ready = ns.ready()
     [run_id] = ready["run_ids"]  # type: ignore[misc]
-    assert ready["watchdog"] == 1 and ready["pid"] != 1, ready
     trainer = ns.host_pid(ready["pid"])
     died = time.monotonic()
     died_ms = int(time.time() * 1000)
     os.kill(trainer, signal.SIGKILL)
-    assert ns.wait() == 128 + signal.SIGKILL, ns.stderr()
+    returncode = ns.wait()
     took = time.monotonic() - died
     run = store.run(run_id)
     assert run.info.status == "KILLED", ns.stderr()
+    assert returncode == 128 + signal.SIGKILL, ns.stderr()
     assert run.data.tags["lifeguard.ended_by"] == "watchdog"
     assert run.data.tags["lifeguard.signal"] == "SIGKILL"
     assert died_ms - 1000 <= run.info.end_time <= died_ms + 1000
     assert took < PID1_KILLED_WITHIN, f"{took:.1f}s from the SIGKILL to KILLED"
     assert ns.stderr() == "", ns.stderr()  # the guardian said nothing: nothing went wrong
+    # How: PID 1 stayed behind as the watchdog; the trainer ran as its child.
+    assert ready["watchdog"] == 1 and ready["pid"] != 1, ready
 
 
 @pytest.mark.parametrize(

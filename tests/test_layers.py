@@ -96,9 +96,7 @@ def test_the_package_has_no_import_circle() -> None:
     graph = import_graph()
     loops = circles(graph)
     described = [
-        "\n".join(
-            f"  {a} -> {b} (line {graph[a][b]})" for a in loop for b in graph[a] if b in loop
-        )
+        "\n".join(f"  {a} -> {b} (line {graph[a][b]})" for a in loop for b in graph[a] if b in loop)
         for loop in loops
     ]
     assert not loops, "import circles:\n" + "\n\n".join(described)
