@@ -30,6 +30,8 @@ from lifeguard import demo
 from lifeguard.owner import Owner
 from tests.conftest import CHILD_TIMEOUT, CHILDREN, Store, child_env, wait_gone
 from tests.namespaces import NS, host_pid, namespace_init, require_unshare
+from tests.servers import MlflowServer
+from tests.test_sweep_trust import STALE, Sweeps
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -273,3 +275,70 @@ def test_a_pid1_trainer_under_its_watchdog_ends_as_it_would_as_pid1(
     assert run.info.status == status
     assert run.data.tags["lifeguard.ended_by"] == "process"
     assert "lifeguard" not in ns.stderr(), ns.stderr()
+
+
+# -- 4. a whole container killed at once --------------------------------------------------------
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[MlflowServer]:
+    srv = MlflowServer(tmp_path / "server").start()
+    yield srv
+    srv.stop()
+
+
+@pytest.mark.timeout(900)
+def test_a_whole_namespace_killed_at_once_is_swept_by_its_heartbeat(
+    unshare: str,
+    server: MlflowServer,
+    store: Store,
+    tmp_path: Path,
+    namespaces: list[InNamespace],
+) -> None:
+    """The end of a Kubernetes grace period, or `memory.oom.group`: every process of the
+    container is SIGKILLed at once, its watchdog too, so nothing in it is left to say anything.
+    `lifeguard sweep` (a CronJob, here from the host, with a `--stale-after` of ten heartbeats)
+    ends the run KILLED at its last heartbeat; the trainer of another namespace, same hostname
+    and same pid, keeps its live run through every sweep, and ends it itself."""
+    cmd = [sys.executable, PROGRAM, "--path", "SIGTERM", "--order", "after", "--watchdog"]
+    env = child_env(store, MLFLOW_TRACKING_URI=server.uri, LIFEGUARD_HEARTBEAT="1")
+    for _ in range(2):
+        namespaces.append(InNamespace(unshare, [sys.executable, NS_INIT, "--", *cmd], env))
+    a, b = namespaces
+    for ns in (a, b):
+        ns.send("go\n")
+    ready_a, ready_b = a.ready(), b.ready()
+    [run_a], [run_b] = ready_a["run_ids"], ready_b["run_ids"]  # type: ignore[misc]
+    client = MlflowClient(tracking_uri=server.uri)
+    assert owner_of(client, run_a).pid == owner_of(client, run_b).pid
+
+    sweeps = Sweeps(server.uri, tmp_path / "journal")
+    sweeps.once()  # the first sighting of both
+    os.kill(a.init, signal.SIGKILL)  # the kernel takes every process of A's namespace with it
+    a.wait()
+    killed = time.monotonic()
+    last_beat = int(client.get_run(run_a).data.tags["lifeguard.heartbeat"])
+    deadline = killed + 600
+    while client.get_run(run_a).info.status == "RUNNING":
+        assert time.monotonic() < deadline, "A's run was never swept"
+        reasons = sweeps.once()
+        assert client.get_run(run_b).info.status == "RUNNING", reasons[run_b]
+        assert "lost" not in reasons[run_b]
+    run = client.get_run(run_a)
+    assert run.info.status == "KILLED"
+    assert run.info.end_time == last_beat  # the last sign of life, not the sweep's time
+    assert run.data.tags["lifeguard.ended_by"] == "sweep"
+    assert "another PID namespace" in run.data.tags["lifeguard.reason"]
+    # Ended by the first sweep that started --stale-after past the last one that saw a beat.
+    after = [entry for entry in sweeps.log if entry[0] >= killed]
+    assert after and sweeps.log[-1][0] <= after[0][1] + STALE + sweeps_apart(sweeps)
+
+    b.close_stdin()
+    assert b.wait() == 0, b.stderr()
+    run = client.get_run(run_b)
+    assert run.info.status == "FINISHED" and run.data.tags["lifeguard.ended_by"] == "process"
+
+
+def sweeps_apart(sweeps: Sweeps) -> float:
+    """The longest a sweep took: the slack between "stale" and "the next sweep started"."""
+    return max(end - start for start, end, _ in sweeps.log)
