@@ -383,6 +383,11 @@ class _Stores:
         self.made[uri] = store
         return store
 
+    def slow(self, uri: str) -> bool:
+        """Whether ``uri`` takes the mlflow path (an import of seconds before the first
+        request), rather than REST."""
+        return self.rest.unsupported(uri) is not None
+
     def close(self) -> None:
         self.exits.close()
 
@@ -417,41 +422,52 @@ def finalize_leftovers(
         try:
             for pid, outcome in outcomes.items():
                 owner = evidence.owner(pid)
+                # Stores over REST first: a few requests each, while the mlflow path's first
+                # store costs an import of seconds, which would eat their deadline.
+                fast_first = sorted(journaled, key=lambda e: stores.slow(e.tracking_uri))
                 # What the process journaled before it died is the truth it knew (the signal and
                 # its time, the exit code): written as it is, to the store the entry names,
                 # unless a requeued job resumed the run while we waited our turn (its live
                 # owner ends it with the truth; this ending is history). The rest get what the
                 # evidence says.
-                for entry in journaled:
+                for entry in fast_first:
                     if entry.writer is None or not entry.writer.same_process(owner):
                         continue  # another process's: a replay decides about it
                     store = stores.get(entry.tracking_uri)
                     results[entry.run_id] = store.apply_journaled(
                         entry, journal=journal, ended_by=ended_by
                     )
-                uris = evidence.uris.get(pid, [])
+                uris = sorted(evidence.uris.get(pid, []), key=stores.slow)
                 if pid in evidence.deferred:
                     work = _deferred_work(stores, uris, evidence.deferred[pid])
-                else:
-                    work = []
-                    for uri in uris:
-                        store = stores.get(uri)
-                        experiments = evidence.experiments_of(pid, uri)
-                        found = _search(store, owner, experiments, stores.budget, ended_by)
-                        work.extend((store, run_id, True) for run_id in found)
-                for store, run_id, seen_running in work:
-                    if run_id in results:
-                        continue
-                    results[run_id] = store.terminate(
-                        run_id,
-                        outcome,
-                        ended_by=ended_by,
-                        journal=journal,
-                        seen_running=seen_running,
-                    )
+                    _end_all(work, outcome, results, ended_by=ended_by, journal=journal)
+                    continue
+                for uri in uris:
+                    # Each store's runs ended before the next store is even opened.
+                    store = stores.get(uri)
+                    experiments = evidence.experiments_of(pid, uri)
+                    found = _search(store, owner, experiments, stores.budget, ended_by)
+                    work = [(store, run_id, True) for run_id in found]
+                    _end_all(work, outcome, results, ended_by=ended_by, journal=journal)
         finally:
             stores.close()
     return results
+
+
+def _end_all(
+    work: list[tuple[rest.RestStore | _MlflowStore, str, bool]],
+    outcome: Outcome,
+    results: dict[str, str],
+    *,
+    ended_by: str,
+    journal: Journal,
+) -> None:
+    for store, run_id, seen_running in work:
+        if run_id in results:
+            continue
+        results[run_id] = store.terminate(
+            run_id, outcome, ended_by=ended_by, journal=journal, seen_running=seen_running
+        )
 
 
 def dead_or_unknown(evidence: Evidence, pids: list[int]) -> tuple[list[int], list[int]]:
