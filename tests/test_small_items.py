@@ -176,13 +176,14 @@ def full_disk(tmp_path: Path) -> Iterator[Path]:
         pytest.skip(why)
     try:
         (mount / "journal").mkdir(mode=0o700)
-        with open(mount / "filler", "wb") as f:
-            try:
-                while True:
-                    f.write(b"\0" * 4096)
-                    f.flush()
-            except OSError:
+        fd = os.open(mount / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            while os.write(fd, b"\0" * 512):
                 pass
+        except OSError:
+            pass  # ENOSPC: full
+        finally:
+            os.close(fd)
         yield mount / "journal"
     finally:
         subprocess.run(["umount", "-l", str(mount)], timeout=60, check=False)
