@@ -342,3 +342,51 @@ def test_a_whole_namespace_killed_at_once_is_swept_by_its_heartbeat(
 def sweeps_apart(sweeps: Sweeps) -> float:
     """The longest a sweep took: the slack between "stale" and "the next sweep started"."""
     return max(end - start for start, end, _ in sweeps.log)
+
+
+REFUSED = """
+import os, sys, threading
+stop = threading.Event()
+threading.Thread(target=stop.wait, daemon=True).start()  # a thread of the program's own
+import lifeguard
+lifeguard.install(watchdog=True)
+from lifeguard import demo
+demo.announce(pid=os.getpid(), watchdog=lifeguard.watchdog_pid())
+sys.stdin.readline()
+sys.exit(4)
+"""
+
+
+def test_pid1_refuses_to_fork_a_program_with_threads_in_one_line(
+    unshare: str, store: Store, namespaces: list[InNamespace]
+) -> None:
+    """A fork keeps only the calling thread: with a thread of the program's already running,
+    PID 1 does not fork. One line says so and names `lifeguard run`; the program carries on
+    as PID 1, unharmed, with its in-process hooks, and exits as it would."""
+    ns = InNamespace(unshare, [sys.executable, "-c", REFUSED], child_env(store))
+    namespaces.append(ns)
+    ready = ns.ready()
+    assert ready == {"pid": 1, "watchdog": None}
+    ns.close_stdin()
+    assert ns.wait() == 4
+    [line] = [line for line in ns.stderr().splitlines() if line.strip()]
+    assert "`lifeguard run`" in line and "2 Python threads" in line and "PID 1" in line
+
+
+def test_pid1_drops_a_signal_the_program_does_not_catch_as_the_kernel_would(
+    unshare: str, store: Store, namespaces: list[InNamespace]
+) -> None:
+    """SIGUSR1 at its default action: the kernel drops it for a PID-1 program, so the PID-1
+    watchdog does not pass it on either (it would have killed the program)."""
+    cmd = [sys.executable, PROGRAM, "--path", "SIGTERM", "--watchdog", "--order", "after"]
+    ns = InNamespace(unshare, cmd, child_env(store))
+    namespaces.append(ns)
+    ready = ns.ready()
+    [run_id] = ready["run_ids"]  # type: ignore[misc]
+    trainer = ns.host_pid(ready["pid"])
+    os.kill(ns.init, signal.SIGUSR1)
+    os.kill(ns.init, signal.SIGWINCH)  # and one it ignores
+    ns.close_stdin()  # then main returns
+    assert ns.wait() == 0, ns.stderr()
+    assert store.status(run_id) == "FINISHED"
+    assert trainer != ns.init

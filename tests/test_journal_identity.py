@@ -330,3 +330,17 @@ def test_a_watchdog_that_writes_the_programs_journaled_status_says_so(
     assert run.data.tags["lifeguard.signal"] == "SIGTERM"  # the program's own truth
     assert run.info.end_time >= sent - 1000
     assert run.data.tags["lifeguard.ended_by"] == "watchdog"
+
+
+def test_a_reused_pid_is_not_the_writer(tmp_path: Path) -> None:
+    """The writer's pid now belongs to another process (this one, started later): the writer
+    is gone, and its entry is replayed."""
+    here = Owner.current()
+    earlier = Owner(here.host, os.getppid(), 1_000.0, here.boot_id, here.pid_ns)
+    assert Entry("f" * 32, "http://h", "KILLED", 1, {}, writer=earlier).writer_alive() is False
+    parent_start = process_start_time(os.getppid())
+    assert parent_start is not None
+    parent = Owner(here.host, os.getppid(), parent_start, here.boot_id, here.pid_ns)
+    assert Entry("f" * 32, "http://h", "KILLED", 1, {}, writer=parent).writer_alive() is True
+    elsewhere = Owner("another-host", os.getppid(), parent_start, here.boot_id, here.pid_ns)
+    assert Entry("f" * 32, "http://h", "KILLED", 1, {}, writer=elsewhere).writer_alive() is None
