@@ -17,6 +17,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from lifeguard.channel import Channel
     from lifeguard.finalizers import Report
     from lifeguard.outcome import Outcome
 
@@ -61,7 +62,12 @@ def install(**options: object) -> None:
                 )
             return
         _ensure_fork_hook()
+        # PID 1 forks first, while no thread of lifeguard's runs yet and before anything
+        # records this process's pid (guardian/init.py): the child is the program.
+        pid1_guardian = _guard_pid1(parsed)
         lifecycle = Lifecycle(parsed, _registry)
+        if pid1_guardian is not None:
+            lifecycle.channel, lifecycle.guardian_pid = pid1_guardian
         # Raises (wrong thread) before any state changes.
         lifecycle.hooks.install(parsed.signals)
         _lifecycle.set_current(lifecycle)
@@ -105,6 +111,20 @@ def _register_builtins(options: Options, lifecycle: Lifecycle) -> None:
         _builtin_handles.append(_registry.add(finalizer, name=name))
 
 
+def _guard_pid1(options: Options) -> tuple[Channel, int] | None:
+    """``watchdog=True`` in PID 1 of a PID namespace (a container's entrypoint): a sidecar
+    would die with PID 1, so PID 1 itself stays behind as the watchdog and the program goes on
+    as its child (guardian/init.py). Unless a supervisor's channel is already there. Returns
+    the channel and the guardian's pid, in the program."""
+    import os
+
+    if not options.watchdog or os.getpid() != 1 or GUARDIAN_ENV in os.environ:
+        return None
+    from lifeguard.guardian import init
+
+    return init.start(options.deadline)
+
+
 def _connect_guardian(lifecycle: Lifecycle) -> None:
     """A supervisor's channel (inherited through the environment) wins; else start a watchdog
     if asked. Either way the guardian learns about os._exit; a watchdog also about crashes."""
@@ -112,8 +132,8 @@ def _connect_guardian(lifecycle: Lifecycle) -> None:
         return  # the common case: no guardian, nothing more to import at start-up
     from lifeguard.channel import WATCHDOG, Channel
 
-    channel = Channel.from_env()
-    if channel is None and lifecycle.options.watchdog:
+    channel = lifecycle.channel or Channel.from_env()
+    if channel is None and lifecycle.options.watchdog and os.getpid() != 1:
         from lifeguard.guardian import watchdog
 
         channel, lifecycle.guardian_pid = watchdog.start(lifecycle.options.deadline)
@@ -246,6 +266,9 @@ def _after_fork_in_child() -> None:
     owns none of the parent's finalizers. Replace, never lock: another parent thread may have
     held the locks at the moment of fork."""
     global _registry, _builtin_handles, _lock, _inherited_runs
+    init = sys.modules.get("lifeguard.guardian.init")
+    if init is not None and init.forking:
+        return  # PID 1's fork: the child is the program itself, not a forked worker
     lifecycle = _lifecycle._current
     fluent = sys.modules.get("mlflow.tracking.fluent")
     if fluent is not None:

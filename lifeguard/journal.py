@@ -26,11 +26,14 @@ import sys
 import time
 
 from lifeguard._log import logger
+from lifeguard.names import TAG_ENDED_BY
 from lifeguard.redact import redact_uri
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterator
+
+    from lifeguard.owner import Owner
 
 __all__ = [
     "ALREADY_ENDED",
@@ -40,6 +43,9 @@ __all__ = [
     "GONE",
     "HELD",
     "JOURNALED",
+    "NOT_SENT",
+    "SUPERSEDED",
+    "WAITING",
     "Claim",
     "Entry",
     "Journal",
@@ -71,6 +77,10 @@ ALREADY_ENDED = "already ended"
 JOURNALED = "journaled"
 FAILED = "failed"  # neither written nor journaled (the journal itself is unusable)
 SUPERSEDED = "superseded"  # an entry whose run was resumed since by a live process: dropped
+# Counted by a replay, never sent: the writer still runs here (it may still be finalizing and
+# writes the entry itself), or the entry's server already failed once in this replay.
+WAITING = "waiting"
+NOT_SENT = "not sent"
 
 
 class JournalError(RuntimeError):
@@ -189,9 +199,15 @@ def _location() -> tuple[str, str | None]:
 
 
 class Entry:
-    """One run's pending final status."""
+    """One run's pending final status, and who journaled it.
 
-    __slots__ = ("run_id", "tracking_uri", "status", "end_time", "tags", "path", "pid")
+    ``writer`` is the journaling process's full identity (host, boot id, PID namespace, pid,
+    start time: ``owner.Owner``), so that a replay anywhere can tell whether that process still
+    runs: a bare pid is another process in every other PID namespace (pid 1 exists in each).
+    ``pid`` stays in the file for readers of the first format; entries written before
+    ``writer`` existed have only ``pid``."""
+
+    __slots__ = ("run_id", "tracking_uri", "status", "end_time", "tags", "path", "pid", "writer")
 
     def __init__(
         self,
@@ -202,6 +218,7 @@ class Entry:
         tags: dict[str, str],
         path: str | None = None,
         pid: int | None = None,
+        writer: Owner | None = None,
     ) -> None:
         self.run_id = run_id
         self.tracking_uri = tracking_uri
@@ -210,12 +227,18 @@ class Entry:
         self.tags = tags
         self.path = path
         # The process whose ending this is: a guardian looks for the entries of the one it
-        # watched. Written as the journaling process's own pid unless set.
-        self.pid = pid
+        # watched. Written as the journaling process's own identity unless set.
+        self.pid = pid if pid is not None or writer is None else writer.pid
+        self.writer = writer
 
     def to_json(self) -> str:
         import json  # lazily: json pulls in re, and install() only lists the directory
 
+        from lifeguard.owner import Owner
+
+        writer = self.writer
+        if writer is None and self.pid in (None, os.getpid()):
+            writer = Owner.current()
         return json.dumps(
             {
                 "version": VERSION,
@@ -226,6 +249,7 @@ class Entry:
                 "tags": self.tags,
                 "journaled_at": int(time.time() * 1000),
                 "pid": self.pid if self.pid is not None else os.getpid(),
+                "writer": writer.fields() if writer is not None else None,
             },
             sort_keys=True,
         )
@@ -233,6 +257,8 @@ class Entry:
     @classmethod
     def from_json(cls, text: str, path: str) -> Entry:
         import json
+
+        from lifeguard.owner import Owner
 
         data = json.loads(text)
         if not isinstance(data, dict) or data.get("version") != VERSION:
@@ -251,7 +277,44 @@ class Entry:
         pid = data.get("pid")
         if not isinstance(pid, int) or isinstance(pid, bool):
             pid = None
-        return cls(data["run_id"], data["tracking_uri"], data["status"], end_time, tags, path, pid)
+        # Absent (the first format) or damaged: the entry is still a status to land, only its
+        # writer cannot be checked anywhere ("elsewhere").
+        writer = Owner.from_fields(data.get("writer"))
+        if writer is not None and pid is not None and writer.pid != pid:
+            writer = None  # the two disagree: trust neither more than the other
+        return cls(
+            data["run_id"], data["tracking_uri"], data["status"], end_time, tags, path, pid, writer
+        )
+
+    def written_by(self, who: str) -> Entry:
+        """This entry as ``who`` writes it (``lifeguard.ended_by``: ``watchdog``,
+        ``supervisor``, ``replay``, ``sweep``): the process journaled its ending as its own,
+        and the tag must name whoever really wrote the status. Same file: removed on success."""
+        tags = {**self.tags, TAG_ENDED_BY: who}
+        return Entry(
+            self.run_id,
+            self.tracking_uri,
+            self.status,
+            self.end_time,
+            tags,
+            self.path,
+            self.pid,
+            self.writer,
+        )
+
+    def writer_alive(self) -> bool | None:
+        """Whether the process that journaled this entry still runs: True/False where that can
+        be checked from here (this PID namespace, or one nested in it), None where it cannot
+        (another container, another machine, an entry of the first format, which has a bare
+        pid only). The replaying process itself is never "alive" here: its entries are its
+        own to write."""
+        from lifeguard.owner import Owner
+
+        if self.writer is None:
+            return None
+        if self.writer.same_process(Owner.current()):
+            return False
+        return self.writer.is_alive()
 
     def __repr__(self) -> str:
         return f"Entry({self.run_id}, {self.status}, end_time={self.end_time})"

@@ -58,7 +58,8 @@ def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowSe
 
 class Recorder:
     """An HTTP front for the server that records every request. ``mode``: ``forward``
-    everything; ``deny`` everything; ``deny-writes`` forwards reads and searches only. A denial is
+    everything; ``deny`` everything; ``deny-writes`` forwards reads and searches only;
+    ``deny-status`` denies only status writes (``runs/update``). A denial is
     a 403 whose text quotes what it was sent, credentials included, as careless servers and
     proxies do: the secrets must still not come out of lifeguard."""
 
@@ -76,7 +77,12 @@ class Recorder:
                 body = self.rfile.read(length) if length else b""
                 recorder.requests.append((self.command, self.path, dict(self.headers), body))
                 write = self.command != "GET" and not self.path.endswith("/search")
-                if recorder.mode == "deny" or (recorder.mode == "deny-writes" and write):
+                status = self.path.endswith("/runs/update")
+                if (
+                    recorder.mode == "deny"
+                    or (recorder.mode == "deny-writes" and write)
+                    or (recorder.mode == "deny-status" and status)
+                ):
                     self.reply(403, recorder.denial(self), "application/json")
                     return
                 assert recorder.upstream_port is not None

@@ -656,16 +656,25 @@ def _created_outside_fluent(
     context tags (Lightning's MLFlowLogger), or, with ``search``, one an interrupted
     ``start_run``/``end_run`` left on no stack. A run its creator already ended is no longer
     RUNNING. A failed search is logged, not raised: the other runs still end."""
-    from lifeguard.backends.mlflow.active import runs_created_outside_fluent
+    from lifeguard.backends.mlflow.active import (
+        created_outside_fluent_here,
+        runs_created_outside_fluent,
+    )
 
     try:
         return runs_created_outside_fluent(client, me, handled, search=search)
     except Exception as exc:  # noqa: BLE001 - the guardians and the sweep can still find them
-        logger().error(
+        lines = str(exc).strip().splitlines()  # a proxy's answer may be a whole HTML page
+        # Searched only because start_run/end_run raised, and not for an interrupt: most likely
+        # the very failure that stopped start_run (a dead server), and then no run exists. The
+        # program's own traceback says what happened; a line of ours would be one raw MLflow
+        # never prints. (Should a run exist after all, its owner tags find it: the sweep.)
+        quiet = not created_outside_fluent_here() and not isinstance(_uncaught(), KeyboardInterrupt)
+        (logger().debug if quiet else logger().error)(
             "lifeguard: cannot search %s for the runs this process created outside "
             "mlflow.start_run: %s; `lifeguard sweep` will find them by their owner tags",
             client.tracking_uri,
-            exc,
+            f"{type(exc).__name__}: {lines[0] if lines else ''}",
         )
         return []
 

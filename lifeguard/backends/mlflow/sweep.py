@@ -21,6 +21,7 @@ from mlflow.entities import RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from lifeguard._log import logger
 from lifeguard.backends.mlflow.runs import (
     all_experiment_ids,
     environment,
@@ -99,7 +100,9 @@ def sweep(
         if not dry_run:
             from lifeguard.backends.mlflow.runs import replay_journal
 
-            report.journal = replay_journal(journal, tracking_uri=tracking_uri, budget=timeout)
+            report.journal = replay_journal(
+                journal, tracking_uri=tracking_uri, budget=timeout, ended_by="sweep"
+            )
             report.refused = list(journal.refused)
         try:
             experiment_ids = _experiment_ids(client, experiments)
@@ -206,9 +209,20 @@ def _end(client: MlflowClient, decision: Decision) -> str | None:
         "lifeguard.reason": f"swept: {decision.reason}",
     }
     try:
-        client.log_batch(decision.run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+        # The status first: a sweep cut short between the two writes must not leave a RUNNING
+        # run that already says "swept".
         client.set_terminated(decision.run_id, STATUS, end_time=decision.end_time)
     except Exception as exc:  # noqa: BLE001 - reported per run; the next sweep retries it
         lines = str(exc).strip().splitlines()
         return redact(f"{type(exc).__name__}: {lines[0] if lines else ''}")
+    try:
+        client.log_batch(decision.run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+    except Exception as exc:  # noqa: BLE001 - the status is in; only the reason is missing
+        lines = str(exc).strip().splitlines()
+        logger().warning(
+            "lifeguard: run %s ended %s, but its reason tags could not be written: %s",
+            decision.run_id,
+            STATUS,
+            redact(f"{type(exc).__name__}: {lines[0] if lines else ''}"),
+        )
     return None
