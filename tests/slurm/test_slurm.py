@@ -23,7 +23,11 @@ import pytest
 from lifeguard.demo import wait_gone
 from lifeguard.preemption import TAG_WARNING
 
-from .conftest import SHAPES, TIMEOUT, Job, Slurm, Submitter, record
+from .conftest import NOT_ASKED, SHAPES, TIMEOUT, Job, Slurm, Submitter, asked, record
+
+if not asked():
+    # One line for the whole module (marks would print one per test), and nothing started.
+    pytest.skip(NOT_ASKED, allow_module_level=True)
 
 pytestmark = pytest.mark.slow
 
