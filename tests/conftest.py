@@ -6,16 +6,14 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
 from lifeguard.demo import ChildResult, run_child
 from lifeguard.demo import wait_gone as demo_wait_gone
-
-if TYPE_CHECKING:
-    pass
+from lifeguard.localserver import MlflowServer
 
 CHILDREN = Path(__file__).parent / "children"
 REPO = Path(__file__).parent.parent
@@ -37,6 +35,16 @@ def template_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("template") / "mlflow.db"
     MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()
     return path
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    """One real `mlflow server` per pytest worker, shared by every test that needs a live server
+    and looks only at runs it made itself (a start costs seconds of CPU: two interpreters import
+    mlflow). Tests that stop or restart their server, or need an empty one, start their own."""
+    srv = MlflowServer(tmp_path_factory.mktemp("server")).start()
+    yield srv
+    srv.stop()
 
 
 class Store:
