@@ -23,6 +23,13 @@ REPO = Path(__file__).parent.parent
 CHILD_TIMEOUT = 90.0
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The few tests that take minutes (marked ``long``) go first, the rest keep their order.
+    Under `pytest -n auto --dist worksteal` (tox) the workers then share the short tests out
+    around them; a long test left to the end would run alone while the other worker idles."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
 @pytest.fixture(scope="session")
 def template_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An empty, fully migrated MLflow sqlite store. Migrating takes seconds, so it is done once

@@ -44,6 +44,7 @@ def server(mlflow_server: MlflowServer) -> MlflowServer:
 # Each trial costs ~2-4 s of CPU (a child importing mlflow, a sweep replay for a quarter of them),
 # and a trial that hits a finalization deadline adds 10 s of wall time. 2 jobs on a loaded
 # 2-core machine: this bounds the worst case, it is not the expected time (~2-4 minutes).
+@pytest.mark.long
 @pytest.mark.timeout(1200)
 def test_a_signal_at_any_instant(tmp_path: Path, server: MlflowServer) -> None:
     stress = load_stress()
