@@ -126,7 +126,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     _CLUSTER["started"] = True
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if not asked() and exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+        # test_slurm.py skipped itself, as asked: a success (tox -e slurm says OK), not "no tests".
+        session.exitstatus = pytest.ExitCode.OK
     if _CLUSTER["started"]:
         subprocess.run([str(CLUSTER), "stop"], env=client_env(), timeout=120, check=False)
         _CLUSTER["started"] = False

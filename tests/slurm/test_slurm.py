@@ -27,7 +27,7 @@ from lifeguard.preemption import TAG_WARNING
 from .conftest import NOT_ASKED, SHAPES, TIMEOUT, Job, Slurm, Submitter, asked, record
 
 if not asked():
-    # One line for the whole module (marks would print one per test), and nothing started.
+    # One line for the whole module (a skip per test prints a line per test), nothing started.
     pytest.skip(NOT_ASKED, allow_module_level=True)
 
 pytestmark = pytest.mark.slow
