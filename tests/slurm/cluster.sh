@@ -159,7 +159,9 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 # A short grace between SIGTERM and SIGKILL; the tests wait through it.
 KillWait=$KILLWAIT
-MinJobAge=300
+# A finished job's record is kept for the whole session: test_time_limit judges its jobs last,
+# minutes after their limit (with the default 300 s a slow run found them purged).
+MinJobAge=3600
 InactiveLimit=0
 Waittime=0
 # Jobs of a higher partition tier preempt lower ones; debug's jobs are requeued when they
