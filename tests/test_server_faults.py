@@ -97,7 +97,6 @@ def test_hung_or_failing_server(
     assert not (journal_dir(store) / f"{run_id}.json").exists()
 
 
-@pytest.mark.long
 def test_killed_server_then_back(scenario: Scenario, store: Store, tmp_path: Path) -> None:
     first = MlflowServer(tmp_path / "server").start()
     second: MlflowServer | None = None
@@ -130,7 +129,6 @@ def test_killed_server_then_back(scenario: Scenario, store: Store, tmp_path: Pat
             second.stop()
 
 
-@pytest.mark.long
 def test_two_hundred_runs_in_twenty_threads_all_end_killed(
     server: MlflowServer, store: Store, tmp_path: Path
 ) -> None:
