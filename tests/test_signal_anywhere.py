@@ -669,6 +669,7 @@ threading.Event().wait()
 IMPORT_REPEAT = int(os.environ.get("LIFEGUARD_TEST_IMPORT_REPEAT", "30"))
 
 
+@pytest.mark.long
 @pytest.mark.timeout(60 * IMPORT_REPEAT)
 def test_a_pending_journal_entry_never_disturbs_the_program_s_import(store: Store) -> None:
     """A pending entry (its server down) makes install() start a replay. It used to replay in a

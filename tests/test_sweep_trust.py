@@ -22,7 +22,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -42,18 +41,16 @@ POLL = 300.0  # seconds: bound on any wait for a sweep to do something
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[MlflowServer]:
-    srv = MlflowServer(tmp_path / "server").start()
-    yield srv
-    srv.stop()
+def server(mlflow_server: MlflowServer) -> MlflowServer:
+    """The session's server (conftest.mlflow_server). A sweep of it may also end orphans other
+    tests left there; these tests assert only on their own runs."""
+    return mlflow_server
 
 
-@pytest.fixture(scope="module")
-def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+@pytest.fixture
+def shared_server(mlflow_server: MlflowServer) -> MlflowServer:
     """For tests that each make runs of their own and touch no other."""
-    srv = MlflowServer(tmp_path_factory.mktemp("server")).start()
-    yield srv
-    srv.stop()
+    return mlflow_server
 
 
 class Recorder:
