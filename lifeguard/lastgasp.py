@@ -26,6 +26,7 @@ The same spawn serves ``install()``'s replay of what earlier processes left
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 from lifeguard.names import GUARDIAN_ENV
@@ -183,7 +184,17 @@ def start_replayer(
     read_fd, write_fd = os.pipe()
     try:
         actions.append((os.POSIX_SPAWN_DUP2, write_fd, 1))
-        shell = os.posix_spawn("/bin/sh", argv, env, file_actions=actions, setsid=True)
+        # Started from the ender thread, which blocks every signal: the replayer must not
+        # inherit that mask (nothing could stop it then), nor a SIG_IGN the program chose.
+        shell = os.posix_spawn(
+            "/bin/sh",
+            argv,
+            env,
+            file_actions=actions,
+            setsid=True,
+            setsigmask=(),
+            setsigdef=(signal.SIGINT, signal.SIGTERM, signal.SIGHUP),
+        )
         os.close(write_fd)
         write_fd = -1
         text = os.read(read_fd, 64) if writer is None else b""
