@@ -4,6 +4,7 @@ them lazily so that ``import lifeguard`` costs next to nothing)."""
 from __future__ import annotations
 
 import _thread
+import os
 import sys
 
 from lifeguard import lifecycle as _lifecycle
@@ -16,6 +17,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from lifeguard.channel import Channel
     from lifeguard.finalizers import Report
     from lifeguard.outcome import Outcome
 
@@ -60,7 +62,12 @@ def install(**options: object) -> None:
                 )
             return
         _ensure_fork_hook()
+        # PID 1 forks first, while no thread of lifeguard's runs yet and before anything
+        # records this process's pid (guardian/init.py): the child is the program.
+        pid1_guardian = _guard_pid1(parsed)
         lifecycle = Lifecycle(parsed, _registry)
+        if pid1_guardian is not None:
+            lifecycle.channel, lifecycle.guardian_pid = pid1_guardian
         # Raises (wrong thread) before any state changes.
         lifecycle.hooks.install(parsed.signals)
         _lifecycle.set_current(lifecycle)
@@ -87,8 +94,6 @@ def _register_builtins(options: Options, lifecycle: Lifecycle) -> None:
         if name == "mlflow":
             if not options.mlflow:
                 continue
-            import os
-
             from lifeguard.backends.mlflow import MlflowFinalizer
 
             attached = os.environ.get("MLFLOW_RUN_ID")
@@ -106,23 +111,43 @@ def _register_builtins(options: Options, lifecycle: Lifecycle) -> None:
         _builtin_handles.append(_registry.add(finalizer, name=name))
 
 
+def _guard_pid1(options: Options) -> tuple[Channel, int] | None:
+    """``watchdog=True`` in PID 1 of a PID namespace (a container's entrypoint): a sidecar
+    would die with PID 1, so PID 1 itself stays behind as the watchdog and the program goes on
+    as its child (guardian/init.py). Unless a supervisor's channel is already there. Returns
+    the channel and the guardian's pid, in the program."""
+    import os
+
+    if not options.watchdog or os.getpid() != 1 or GUARDIAN_ENV in os.environ:
+        return None
+    from lifeguard.guardian import init
+
+    return init.start(options.deadline)
+
+
 def _connect_guardian(lifecycle: Lifecycle) -> None:
     """A supervisor's channel (inherited through the environment) wins; else start a watchdog
     if asked. Either way the guardian learns about os._exit; a watchdog also about crashes."""
-    import os
-
     if GUARDIAN_ENV not in os.environ and not lifecycle.options.watchdog:
         return  # the common case: no guardian, nothing more to import at start-up
     from lifeguard.channel import WATCHDOG, Channel
 
-    channel = Channel.from_env()
-    if channel is None and lifecycle.options.watchdog:
+    channel = lifecycle.channel or Channel.from_env()
+    if channel is None and lifecycle.options.watchdog and os.getpid() != 1:
         from lifeguard.guardian import watchdog
 
         channel, lifecycle.guardian_pid = watchdog.start(lifecycle.options.deadline)
     if channel is None:
         return
     lifecycle.channel = channel
+    from lifeguard import lastgasp
+    from lifeguard.channel import SUPERVISOR
+
+    # A guardian writes what this process journaled when it dies: a replayer this process
+    # leaves behind waits for the guardian to be done, and writes only what it left.
+    guardian = os.getppid() if channel.role == SUPERVISOR else lifecycle.guardian_pid
+    if guardian:
+        lastgasp.note_guardian(guardian)
     lifecycle.hooks.watch_os_exit()
     if channel.role == WATCHDOG:
         import faulthandler
@@ -148,8 +173,6 @@ def _replay_journal_in_background() -> None:
     journal = Journal()
     if not journal.replay_due():  # one directory listing: the common case costs ~10 us
         return
-    import os
-
     try:
         # Claimed before the start: programs starting together start one replay, not one each.
         journal.replay_started()
@@ -157,43 +180,15 @@ def _replay_journal_in_background() -> None:
         from lifeguard._log import logger
 
         logger().debug("lifeguard: could not stamp the journal replay: %s", exc)
+    # The same spawn as the last gasp's (lifeguard.lastgasp): one way to start a replayer.
+    from lifeguard.lastgasp import start_replayer
 
-    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_parent, env.get("PYTHONPATH")]))
-    env.pop(GUARDIAN_ENV, None)  # the replayer speaks for nobody
-    read_fd, write_fd = os.pipe()
     try:
-        # sh starts the replayer in the background, prints its pid and exits at once: the
-        # replayer is nobody's child here, so the program never meets it in os.wait().
-        shell = os.posix_spawn(
-            "/bin/sh",
-            [
-                "sh",
-                "-c",
-                '"$0" -m lifeguard.guardian.replay </dev/null >/dev/null 2>&1 & echo $!',
-                sys.executable,
-            ],
-            env,
-            file_actions=[
-                (os.POSIX_SPAWN_DUP2, write_fd, 1),
-                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-            ],
-            setsid=True,
-        )
-        os.close(write_fd)
-        write_fd = -1
-        text = os.read(read_fd, 64)
-        os.waitpid(shell, 0)
-        replay_pid = int(text.strip() or 0) or None
-    except (OSError, ValueError) as exc:
+        replay_pid = start_replayer(os.path.abspath(journal.directory))
+    except OSError as exc:
         from lifeguard._log import logger
 
         logger().debug("lifeguard: could not start the journal replay: %s", exc)
-    finally:
-        os.close(read_fd)
-        if write_fd != -1:
-            os.close(write_fd)
 
 
 def uninstall() -> None:
@@ -262,8 +257,6 @@ def _rearm(lifecycle: Lifecycle) -> None:
 def _ensure_fork_hook() -> None:
     global _fork_hook_registered
     if not _fork_hook_registered:
-        import os
-
         os.register_at_fork(after_in_child=_after_fork_in_child)
         _fork_hook_registered = True
 
@@ -273,6 +266,9 @@ def _after_fork_in_child() -> None:
     owns none of the parent's finalizers. Replace, never lock: another parent thread may have
     held the locks at the moment of fork."""
     global _registry, _builtin_handles, _lock, _inherited_runs
+    init = sys.modules.get("lifeguard.guardian.init")
+    if init is not None and init.forking:
+        return  # PID 1's fork: the child is the program itself, not a forked worker
     lifecycle = _lifecycle._current
     fluent = sys.modules.get("mlflow.tracking.fluent")
     if fluent is not None:

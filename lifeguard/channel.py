@@ -4,7 +4,14 @@ The program writes one line per event, ``<pid> <start_time> <verb> [arg]``; a wr
 PIPE_BUF bytes is atomic, so several processes (a supervised job's ranks) can share one pipe.
 
 verbs:
+  ``owner <boot id> <pid ns> <host>``  who the sender is (``-`` for a field it cannot read),
+                          sent once per process before its first other line: the pid and
+                          start time of a line mean something only with the sender's boot and
+                          PID namespace, and a guardian must find the runs of exactly this
+                          process (another container on the host has a pid 2 too)
   ``uri <tracking uri>``  a run was started against this store (user-info stripped)
+  ``exp <tracking uri> <experiment id>``  ... in this experiment (``?``: unknown), so that a
+                          guardian searches only there: one request fewer at the death
   ``done``                in-process finalization finished: nothing left for the guardian
   ``defer <run id>...``   runs handed to the guardian, which knows the exact exit status
   ``defer-at <uri> <run id>...``  the same, for runs of that store (a process may use several)
@@ -47,7 +54,7 @@ class Channel:
     def __init__(self, fd: int, role: str) -> None:
         self.fd = fd
         self.role = role
-        self._identity: tuple[int, str] | None = None
+        self._announced: int | None = None  # the pid whose ``owner`` line was sent
         self._sent_uris: set[str] = set()
 
     @classmethod
@@ -71,13 +78,18 @@ class Channel:
 
     def send(self, verb: str, arg: str = "") -> bool:
         """Best effort, never blocking: a guardian that stopped reading must not hang us."""
-        from lifeguard.owner import process_start_time
+        from lifeguard.owner import Owner
 
-        pid = os.getpid()
-        if self._identity is None or self._identity[0] != pid:
-            start = process_start_time(pid)
-            self._identity = (pid, f"{start:.2f}" if start is not None else "0")
-        line = f"{pid} {self._identity[1]} {verb} {arg}".rstrip() + "\n"
+        me = Owner.current()  # per pid: a forked child is another process
+        head = f"{me.pid} {me.start_time:.2f} "
+        if self._announced != me.pid:
+            # A line of its own (atomic by itself); the guardian keys every line by pid.
+            fields = f"{me.boot_id or '-'} {me.pid_ns or '-'} {me.host}"
+            if self._write(f"{head}owner {fields}\n"):
+                self._announced = me.pid
+        return self._write(f"{head}{verb} {arg}".rstrip() + "\n")
+
+    def _write(self, line: str) -> bool:
         data = line.encode("utf-8", "replace")[: _PIPE_BUF - 1]
         try:
             os.set_blocking(self.fd, False)
@@ -85,7 +97,8 @@ class Channel:
         except OSError:
             return False
 
-    def send_uri(self, uri: str) -> None:
+    def send_uri(self, uri: str, experiment_id: str | None = None) -> None:
+        """Announce a run's store, and the experiment it is in (None: not known)."""
         from lifeguard.journal import redact_uri
 
         uri = redact_uri(uri)
@@ -93,6 +106,11 @@ class Channel:
         if key not in self._sent_uris:
             self._sent_uris.add(key)
             self.send("uri", uri)
+        experiment = experiment_id if experiment_id and " " not in experiment_id else "?"
+        key = f"{key} {experiment}"
+        if key not in self._sent_uris:
+            self._sent_uris.add(key)
+            self.send("exp", f"{uri} {experiment}")
 
     def defer(self, uri: str, run_ids: list[str]) -> bool:
         """Hand ``run_ids``, all of the store at ``uri``, to the guardian (``defer-at``)."""

@@ -283,16 +283,34 @@ def _sweep(args: argparse.Namespace) -> int:
     except SweepError as exc:
         sys.stderr.write(redact(f"lifeguard sweep: {exc}") + "\n")
         return 1
-    pending = report.journal.get("journaled", 0)
+    # Each count says what happened, no more (replay_journal): "did not accept" only for
+    # statuses sent and failed.
+    refused_by_server = report.journal.get("journaled", 0)
+    not_sent = report.journal.get("not sent", 0)
+    waiting = report.journal.get("waiting", 0)
+    pending = refused_by_server + not_sent
     if args.json:
         print(json.dumps(_redacted({"tracking_uri": shown_uri, "dry_run": args.dry_run,
                                     **report.as_dict()})))  # fmt: skip
     else:
         _print_table(report, args.dry_run)
-    if pending:
+    if refused_by_server:
         sys.stderr.write(
-            f"lifeguard sweep: {shown_uri} did not accept {pending} journaled "
-            "status(es); they stay in the journal for the next sweep\n"
+            f"lifeguard sweep: {shown_uri} did not accept {refused_by_server} journaled "
+            "status(es)"
+            + (f" ({not_sent} more not sent after that failure)" if not_sent else "")
+            + "; they stay in the journal for the next sweep\n"
+        )
+    elif not_sent:
+        sys.stderr.write(
+            f"lifeguard sweep: {not_sent} journaled status(es) for {shown_uri} not sent "
+            "(the server failed); they stay in the journal for the next sweep\n"
+        )
+    if waiting:
+        # Not a failure: those processes are still running here and write their own.
+        sys.stderr.write(
+            f"lifeguard sweep: {waiting} journaled status(es) left to their writers, "
+            "still running on this host\n"
         )
     if report.errors:
         sys.stderr.write(

@@ -22,20 +22,31 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import sys
 import time
 
 from lifeguard._log import logger
+from lifeguard.names import TAG_ENDED_BY
 from lifeguard.redact import redact_uri
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
+    from lifeguard.owner import Owner
+
 __all__ = [
     "ALREADY_ENDED",
+    "BUSY",
     "ENDED",
     "FAILED",
+    "GONE",
+    "HELD",
     "JOURNALED",
+    "NOT_SENT",
+    "SUPERSEDED",
+    "WAITING",
+    "Claim",
     "Entry",
     "Journal",
     "JournalError",
@@ -66,6 +77,10 @@ ALREADY_ENDED = "already ended"
 JOURNALED = "journaled"
 FAILED = "failed"  # neither written nor journaled (the journal itself is unusable)
 SUPERSEDED = "superseded"  # an entry whose run was resumed since by a live process: dropped
+# Counted by a replay, never sent: the writer still runs here (it may still be finalizing and
+# writes the entry itself), or the entry's server already failed once in this replay.
+WAITING = "waiting"
+NOT_SENT = "not sent"
 
 
 class JournalError(RuntimeError):
@@ -184,9 +199,15 @@ def _location() -> tuple[str, str | None]:
 
 
 class Entry:
-    """One run's pending final status."""
+    """One run's pending final status, and who journaled it.
 
-    __slots__ = ("run_id", "tracking_uri", "status", "end_time", "tags", "path", "pid")
+    ``writer`` is the journaling process's full identity (host, boot id, PID namespace, pid,
+    start time: ``owner.Owner``), so that a replay anywhere can tell whether that process still
+    runs: a bare pid is another process in every other PID namespace (pid 1 exists in each).
+    ``pid`` stays in the file for readers of the first format; entries written before
+    ``writer`` existed have only ``pid``."""
+
+    __slots__ = ("run_id", "tracking_uri", "status", "end_time", "tags", "path", "pid", "writer")
 
     def __init__(
         self,
@@ -197,6 +218,7 @@ class Entry:
         tags: dict[str, str],
         path: str | None = None,
         pid: int | None = None,
+        writer: Owner | None = None,
     ) -> None:
         self.run_id = run_id
         self.tracking_uri = tracking_uri
@@ -205,12 +227,18 @@ class Entry:
         self.tags = tags
         self.path = path
         # The process whose ending this is: a guardian looks for the entries of the one it
-        # watched. Written as the journaling process's own pid unless set.
-        self.pid = pid
+        # watched. Written as the journaling process's own identity unless set.
+        self.pid = pid if pid is not None or writer is None else writer.pid
+        self.writer = writer
 
     def to_json(self) -> str:
         import json  # lazily: json pulls in re, and install() only lists the directory
 
+        from lifeguard.owner import Owner
+
+        writer = self.writer
+        if writer is None and self.pid in (None, os.getpid()):
+            writer = Owner.current()
         return json.dumps(
             {
                 "version": VERSION,
@@ -221,6 +249,7 @@ class Entry:
                 "tags": self.tags,
                 "journaled_at": int(time.time() * 1000),
                 "pid": self.pid if self.pid is not None else os.getpid(),
+                "writer": writer.fields() if writer is not None else None,
             },
             sort_keys=True,
         )
@@ -228,6 +257,8 @@ class Entry:
     @classmethod
     def from_json(cls, text: str, path: str) -> Entry:
         import json
+
+        from lifeguard.owner import Owner
 
         data = json.loads(text)
         if not isinstance(data, dict) or data.get("version") != VERSION:
@@ -246,7 +277,44 @@ class Entry:
         pid = data.get("pid")
         if not isinstance(pid, int) or isinstance(pid, bool):
             pid = None
-        return cls(data["run_id"], data["tracking_uri"], data["status"], end_time, tags, path, pid)
+        # Absent (the first format) or damaged: the entry is still a status to land, only its
+        # writer cannot be checked anywhere ("elsewhere").
+        writer = Owner.from_fields(data.get("writer"))
+        if writer is not None and pid is not None and writer.pid != pid:
+            writer = None  # the two disagree: trust neither more than the other
+        return cls(
+            data["run_id"], data["tracking_uri"], data["status"], end_time, tags, path, pid, writer
+        )
+
+    def written_by(self, who: str) -> Entry:
+        """This entry as ``who`` writes it (``lifeguard.ended_by``: ``watchdog``,
+        ``supervisor``, ``replay``, ``sweep``): the process journaled its ending as its own,
+        and the tag must name whoever really wrote the status. Same file: removed on success."""
+        tags = {**self.tags, TAG_ENDED_BY: who}
+        return Entry(
+            self.run_id,
+            self.tracking_uri,
+            self.status,
+            self.end_time,
+            tags,
+            self.path,
+            self.pid,
+            self.writer,
+        )
+
+    def writer_alive(self) -> bool | None:
+        """Whether the process that journaled this entry still runs: True/False where that can
+        be checked from here (this PID namespace, or one nested in it), None where it cannot
+        (another container, another machine, an entry of the first format, which has a bare
+        pid only). The replaying process itself is never "alive" here: its entries are its
+        own to write."""
+        from lifeguard.owner import Owner
+
+        if self.writer is None:
+            return None
+        if self.writer.same_process(Owner.current()):
+            return False
+        return self.writer.is_alive()
 
     def __repr__(self) -> str:
         return f"Entry({self.run_id}, {self.status}, end_time={self.end_time})"
@@ -358,6 +426,7 @@ class Journal:
         """Atomically write (or replace) the entry for ``entry.run_id``."""
         self.ensure()
         path = self._path(entry.run_id)
+        _note_kept(path)
         tmp = f"{path}.{os.getpid()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         try:
@@ -371,10 +440,19 @@ class Journal:
         return path
 
     def remove(self, entry: Entry) -> None:
+        path = entry.path or self._path(entry.run_id)
         try:
-            os.unlink(entry.path or self._path(entry.run_id))
+            os.unlink(path)
         except FileNotFoundError:
             pass
+        lastgasp = sys.modules.get("lifeguard.lastgasp")
+        if lastgasp is not None:
+            lastgasp.note_gone(path)
+
+    def claim(self, entry: Entry, wait: float = 0.0) -> Claim:
+        """Hold ``entry``'s file while its status is written, so that two replays never write
+        the same entry at once (see :class:`Claim`)."""
+        return Claim(entry.path or self._path(entry.run_id), wait)
 
     def entries(self) -> Iterator[Entry]:
         """Every trusted, readable entry. A file that is not the current user's private regular
@@ -448,6 +526,91 @@ class Journal:
             os.replace(path, aside)
         except OSError as exc:
             logger().error("lifeguard: could not set %s aside: %s", path, exc)
+
+
+def _note_kept(path: str) -> None:
+    """Tell the last gasp (``lifeguard.lastgasp``) that this process journaled ``path``: if the
+    entry is still there when the process ends, a replayer is left behind to write it. Imported
+    here, at the first entry, not at install(): a process that journals nothing never loads
+    it, and one that does has it loaded well before its death, where nothing may be imported."""
+    from lifeguard import lastgasp
+
+    lastgasp.note_kept(path)
+
+
+# What a claim on an entry found (Claim.state).
+HELD = "held"  # the entry is ours to write until the claim is released
+GONE = "gone"  # no entry any more: someone wrote it meanwhile (or it was set aside)
+BUSY = "busy"  # another replay holds it, still after the wait
+
+
+class Claim:
+    """An exclusive hold on one journal entry while its status is written: ``with
+    journal.claim(entry, wait) as claim:``. Every replay (install()'s, the last gasp's,
+    ``lifeguard sweep``'s) claims an entry before writing it, so two of them never write the
+    same one at once; one after the other, the second finds it gone, or ended.
+
+    An ``flock`` on the entry file itself: no other file to create or trust, and released by
+    the kernel when its holder dies, even by SIGKILL. Held for one attempt, not a replayer's
+    whole life: a sweep that comes meanwhile waits for that attempt, then finds the entry
+    written, or writes it itself. Over NFS an flock is a lock on the server; a server that does
+    not answer hangs reading the entry just as surely."""
+
+    def __init__(self, path: str, wait: float) -> None:
+        self.path = path
+        self.wait = wait
+        self.state = BUSY
+        # The entry as it is on disk under the claim (it may have been replaced since it was
+        # listed: a later process journaled the same run).
+        self.entry: Entry | None = None
+        self._fd = -1
+
+    def __enter__(self) -> Claim:
+        import fcntl
+
+        give_up = time.monotonic() + self.wait
+        while True:
+            flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+            try:
+                fd = os.open(self.path, flags)
+            except FileNotFoundError:
+                self.state = GONE
+                return self
+            except OSError:  # a symlink or worse: the next listing refuses it
+                return self
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                if time.monotonic() >= give_up:
+                    return self
+                time.sleep(0.02)
+                continue
+            try:
+                held, now = os.fstat(fd), os.lstat(self.path)
+            except FileNotFoundError:  # written and removed while we waited
+                os.close(fd)
+                self.state = GONE
+                return self
+            if (held.st_dev, held.st_ino) != (now.st_dev, now.st_ino):
+                os.close(fd)  # replaced while we waited: claim the entry there now
+                continue
+            self._fd = fd
+            try:
+                text = read_private(self.path).decode("utf-8")
+                self.entry = Entry.from_json(text, self.path)
+            except FileNotFoundError:
+                self.state = GONE
+                return self
+            except (OSError, Untrusted, ValueError, UnicodeDecodeError):
+                return self  # the next listing refuses it or sets it aside, saying why
+            self.state = HELD
+            return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd != -1:
+            os.close(self._fd)  # releases the flock
+            self._fd = -1
 
 
 def after_failed_write(journal: Journal | None, entry: Entry, where: str, error: object) -> str:

@@ -169,6 +169,12 @@ class Lifecycle:
                     self._end_at_exit()
         finally:
             self.keep_alive = None  # the program's own __del__ cleanups may run now
+            # Statuses left only journaled (a write that failed or ran out of time) get a
+            # replayer that outlives the process (lifeguard.lastgasp; loaded only by a
+            # process that journaled something, and never imported here, at the exit).
+            lastgasp = sys.modules.get("lifeguard.lastgasp")
+            if lastgasp is not None and self.owns_process():
+                lastgasp.leave_replayer()
 
     def _end_at_exit(self) -> None:
         has_work = self.registry.has_work()

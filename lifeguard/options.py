@@ -24,6 +24,7 @@ __all__ = [
     "DEFAULT_SIGNALS",
     "DEFAULT_TRACKERS",
     "MAX_SECONDS",
+    "REPLAY_BOUND_ENV",
     "TRACKERS",
     "Options",
     "parse_seconds",
@@ -59,6 +60,10 @@ _NAN = float("nan")
 # clear error; accepted, it raised in the exit path and changed how the program ended.
 MAX_SECONDS = 3600.0
 
+
+# Seconds the replayer a dying process leaves behind keeps trying to write what it left only
+# journaled (lifeguard.lastgasp, whose DEFAULT_BOUND is 600); 0: no such replayer.
+REPLAY_BOUND_ENV = "LIFEGUARD_REPLAY_BOUND"
 
 # Seconds between heartbeats (see backends/mlflow/heartbeat.py for why 60).
 DEFAULT_HEARTBEAT = 60.0
@@ -128,6 +133,12 @@ class Options:
             )
 
         options = cls()  # the defaults; overridden below by the environment, then kwargs
+        if REPLAY_BOUND_ENV in env:
+            # Read by the last-gasp replayer (lifeguard.lastgasp), which inherits it; checked
+            # here so that a bad value fails at install(), not in a detached process later.
+            parse_seconds(
+                env[REPLAY_BOUND_ENV], f"environment variable {REPLAY_BOUND_ENV}", zero=True
+            )
         for name, parse in _PARSERS.items():
             var = "LIFEGUARD_" + name.upper()
             if name in kwargs:

@@ -12,6 +12,12 @@ the PID namespace (the inode of ``/proc/self/ns/pid``). A process may look at an
 when hostname, boot id and PID namespace are all its own (:meth:`Owner.is_local`); anything it
 cannot verify -- a missing tag (earlier versions of lifeguard recorded neither), another
 namespace, another boot -- is *not local*, and only a stale heartbeat can say that run is lost.
+(A PID namespace nested in this one, a container started from here, is the one exception: its
+processes are in sight here too, and :meth:`Owner.is_alive` finds them.)
+
+The same identity is used by every check: the sweep's, the watchdog's and the supervisor's
+(``finalize_leftovers``, from what the program announced on its channel), a journal entry's
+writer and a replay's. :meth:`Owner.same_process` needs every field to agree.
 
 Cheap: the identity is computed once per process (two small reads of /proc, ~30 us), at the
 first ``start_run`` -- never in ``install()``.
@@ -187,15 +193,44 @@ class Owner:
         return owner
 
     def same_process(self, other: Owner) -> bool:
-        """Host, pid and start time match, and boot id and PID namespace do not contradict
-        (the watchdog and the supervisor know their process by host, pid and start time only)."""
+        """Every field agrees: host, pid, start time (within the rounding of two readings),
+        boot id and PID namespace. A missing boot id or namespace never agrees with a present
+        one: a pid means nothing without the namespace it is a pid in, and two containers on
+        one host (same hostname with ``hostNetwork``) each have their pid 2 started in the same
+        second. (Both missing agree: two readings of one platform that has neither.)"""
         return (
             self.host == other.host
             and self.pid == other.pid
             and abs(self.start_time - other.start_time) <= START_TIME_TOLERANCE
-            and _agree(self.boot_id, other.boot_id)
-            and _agree(self.pid_ns, other.pid_ns)
+            and self.boot_id == other.boot_id
+            and self.pid_ns == other.pid_ns
         )
+
+    def fields(self) -> dict[str, object]:
+        """The identity as JSON-able fields (a journal entry's ``writer``)."""
+        return {
+            "host": self.host,
+            "pid": self.pid,
+            "start_time": round(self.start_time, 2),
+            "boot_id": self.boot_id,
+            "pid_ns": self.pid_ns,
+        }
+
+    @classmethod
+    def from_fields(cls, data: object) -> Owner | None:
+        """The identity :meth:`fields` wrote, or None if ``data`` is not one (a hostile or
+        damaged file: every field is checked for its type)."""
+        if not isinstance(data, dict):
+            return None
+        host, pid, start = data.get("host"), data.get("pid"), data.get("start_time")
+        boot, ns = data.get("boot_id"), data.get("pid_ns")
+        if not isinstance(host, str) or not isinstance(pid, int) or isinstance(pid, bool):
+            return None
+        if not isinstance(start, (int, float)) or isinstance(start, bool):
+            return None
+        if not all(value is None or isinstance(value, str) for value in (boot, ns)):
+            return None
+        return cls(host, pid, float(start), boot or None, ns or None)
 
     def not_local_because(self) -> str | None:
         """None when this owner's pid can be checked from here (same hostname, same boot, same
@@ -219,11 +254,17 @@ class Owner:
         return self.not_local_because() is None
 
     def is_alive(self) -> bool | None:
-        """True/False for a process this one can verify (:meth:`is_local`); None otherwise."""
-        if not self.is_local():
-            return None
-        start = process_start_time(self.pid)
-        return start is not None and abs(start - self.start_time) <= START_TIME_TOLERANCE
+        """True/False for a process this one can check; None when it cannot (elsewhere).
+
+        Checkable: a process of this very namespace (:meth:`is_local`), and one of a PID
+        namespace nested in ours (a container started from here) while that namespace still
+        has a process we can see: the kernel shows a nested namespace's processes here too,
+        each with its pid in every namespace it belongs to. A namespace with no process left
+        in sight is gone or was never ours to see: None, never False."""
+        if self.is_local():
+            start = process_start_time(self.pid)
+            return start is not None and abs(start - self.start_time) <= START_TIME_TOLERANCE
+        return _alive_in_nested_namespace(self)
 
     def __repr__(self) -> str:
         return (
@@ -232,22 +273,80 @@ class Owner:
         )
 
 
-def _agree(mine: str | None, theirs: str | None) -> bool:
-    return mine is None or theirs is None or mine == theirs
+def _alive_in_nested_namespace(owner: Owner) -> bool | None:
+    """:meth:`Owner.is_alive` for an owner in another PID namespace of this host and boot: a
+    scan of /proc for the processes of that namespace (``/proc/PID/ns/pid``), and among them
+    the one whose innermost pid (the last of ``NSpid``) is the owner's."""
+    here = Owner.current()
+    if (
+        owner.pid_ns is None
+        or owner.boot_id is None
+        or owner.host != here.host
+        or owner.boot_id != here.boot_id
+        or owner.pid_ns == here.pid_ns
+        or not _LINUX
+        or not _proc_is_own_namespace()
+    ):
+        return None
+    target = f"pid:[{owner.pid_ns}]"
+    seen = False
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return None
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            if os.readlink(f"/proc/{name}/ns/pid") != target:
+                continue
+            seen = True
+            if _innermost_pid(name) != owner.pid:
+                continue
+            start = process_start_time(name)
+        except OSError:  # gone meanwhile, or not ours to look at
+            continue
+        return start is not None and abs(start - owner.start_time) <= START_TIME_TOLERANCE
+    # Processes of a namespace with that inode number are in sight and none is the owner: it
+    # is gone. (Sound even if the number was reused since: two live namespaces never share
+    # one, so a new namespace with it means the owner's is gone, and the owner with it.)
+    return False if seen else None
 
 
-def adopted_since(status: str, tags: dict[str, str], pid: int | None, ended_at: int) -> bool:
-    """Whether a run that process ``pid`` journaled as ended at ``ended_at`` (ms) has been
-    resumed since by another process that may be alive: still RUNNING, its owner tags (which
-    a resumed run's new owner rewrites, see heartbeat.py) name another process, and that one
-    is alive where that can be checked (same host, boot and PID namespace), else its heartbeat
-    is newer than the journaled end. Writing the journaled ending would then end a live run,
-    and "never overwrite" would keep the wrong status for good."""
-    if pid is None or status != "RUNNING":
+def _innermost_pid(proc_name: str) -> int | None:
+    with open(f"/proc/{proc_name}/status", "rb") as f:
+        for line in f:
+            if line.startswith(b"NSpid:"):
+                return int(line.split()[-1])
+    return None
+
+
+def adopted_since(
+    status: str,
+    tags: dict[str, str],
+    pid: int | None,
+    ended_at: int,
+    writer: Owner | None = None,
+) -> bool:
+    """Whether a run that its writer journaled as ended at ``ended_at`` (ms) has been resumed
+    since by another process that may be alive: still RUNNING, its owner tags (which a resumed
+    run's new owner rewrites, see heartbeat.py) name another process, and that one is alive
+    where that can be checked (:meth:`Owner.is_alive`), else its heartbeat is newer than the
+    journaled end. Writing the journaled ending would then end a live run, and "never
+    overwrite" would keep the wrong status for good.
+
+    ``writer``: the full identity of the process that journaled the entry; entries written
+    before it was recorded have only ``pid``, taken as a pid of this namespace as before."""
+    if status != "RUNNING" or (writer is None and pid is None):
         return False
     owner = Owner.from_tags(tags)
-    if owner is None or (owner.pid == pid and owner.is_local()):
-        return False  # still the writer's run: this ending is the latest news of it
+    if owner is None:
+        return False
+    if writer is not None:
+        if owner.same_process(writer):
+            return False  # still the writer's run: this ending is the latest news of it
+    elif owner.pid == pid and owner.is_local():
+        return False
     alive = owner.is_alive()
     if alive is not None:
         return alive

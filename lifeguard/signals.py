@@ -93,6 +93,7 @@ REPEAT_WINDOW = 0.5
 def die_by_signal(signum: int) -> None:
     """From the main thread: end the process by ``signum``'s default action."""
     try:
+        _last_gasp()
         if signum != _signal.SIGKILL:  # SIGKILL's disposition is always the default
             _set_handler(signum, _signal.SIG_DFL)
             _signal.pthread_sigmask(_signal.SIG_UNBLOCK, {signum})
@@ -108,6 +109,7 @@ def die_from_any_thread(signum: int) -> None:
     """End the process by ``signum``'s default action from any thread. ``signal.signal()`` is
     refused outside the main thread, so the disposition is reset through libc itself."""
     try:
+        _last_gasp()
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
@@ -122,6 +124,15 @@ def die_from_any_thread(signum: int) -> None:
         time.sleep(1.0)
     finally:
         os._exit(128 + signum)
+
+
+def _last_gasp() -> None:
+    """Statuses this process leaves only journaled get a replayer that outlives it
+    (``lifeguard.lastgasp``). Looked up, never imported, at the instant of death; a process
+    that journaled nothing never loaded it, and has nothing to leave."""
+    lastgasp = sys.modules.get("lifeguard.lastgasp")
+    if lastgasp is not None:
+        lastgasp.leave_replayer()
 
 
 def is_main_thread() -> bool:

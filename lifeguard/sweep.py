@@ -5,10 +5,12 @@ Safety first: a run is ended only on evidence the sweep can check itself.
 * Owner verifiably on this host -- same hostname, same boot id, same PID namespace (see
   ``owner.py``): ended when that process is gone (no such pid, or the pid now belongs to a
   process with another start time). A live owner, however quiet, keeps its run.
-* Any other owner -- another machine, a container with its own PID namespace, another boot, or
-  a run tagged without boot id and PID namespace by an earlier lifeguard: nothing here can see
-  that process, so only its heartbeat speaks, judged on the sweeper's own clock (below). None at
-  all (heartbeats turned off) leaves the run alone.
+* Owner in a PID namespace nested in the sweep's, on this host and boot (a container, swept from
+  the host's namespace): its processes are in sight here, so it is checked the same way.
+* Any other owner -- another machine, a container whose namespace is not in sight, another
+  boot, or a run tagged without boot id and PID namespace by an earlier lifeguard: nothing here
+  can see that process, so only its heartbeat speaks, judged on the sweeper's own clock
+  (below). None at all (heartbeats turned off) leaves the run alone.
 * No lifeguard tags (runs from before lifeguard): left alone, unless asked with
   ``--include-untagged --older-than D``; then a run whose last sign of life (start, last metric)
   is older than D is ended (by the writer's timestamps: D is meant in days, beyond any skew).
@@ -219,6 +221,18 @@ def decide(
             facts,
             END,
             f"owner pid {owner.pid} on {owner.host} is gone",
+            end_time=facts.last_sign_of_life(),
+        )
+    # A PID namespace nested in the sweep's (a container of this host, swept from the host's
+    # namespace) is in sight: its owner's pid can be checked after all (Owner.is_alive).
+    alive = owner.is_alive()
+    if alive is True:
+        return Decision(facts, ALIVE, f"owner pid {owner.pid} {elsewhere}, alive (in sight here)")
+    if alive is False:
+        return Decision(
+            facts,
+            END,
+            f"owner {elsewhere} lost: pid {owner.pid} is gone from its namespace (in sight here)",
             end_time=facts.last_sign_of_life(),
         )
     if facts.heartbeat() is None:

@@ -5,9 +5,16 @@ path side by side.
     python scripts/bench_guardians.py                  # N = 1, 10, 50 against a local mlflow server
     python scripts/bench_guardians.py --n 1 10 --repeat 5
     python scripts/bench_guardians.py --sqlite 5 10 20 # also: the mlflow path on a sqlite store
+    python scripts/bench_guardians.py --n 1 --repeat 9 --paths rest --auth
+                                      # also: `mlflow server --app-name basic-auth`, beside it
 
 The mlflow path is forced with ``LIFEGUARD_GUARDIAN_REST=0`` in the programs' environment (the
-watchdog inherits it): that is all that differs between the two columns.
+watchdog inherits it): that is all that differs between the two columns. ``--auth`` adds rows
+against MLflow's basic-auth app (its defaults: every request checks the password again), the
+programs authenticating with ``MLFLOW_TRACKING_USERNAME``/``PASSWORD`` as users do; its rounds
+alternate with the unauthenticated server's, so that a busy machine slows both alike. Their
+statuses are read from the server's sqlite file, not over HTTP: each poll would cost a password
+check, and the watchdog's requests would queue behind the benchmark's own.
 
 "KILLED after" is from the SIGKILLs to the moment a poll (every 20 ms, one ``runs/search``)
 first sees every run KILLED; "watchdog RSS" is the peak over that time of the watchdogs' summed
@@ -179,6 +186,9 @@ def main() -> int:
     parser.add_argument(
         "--paths", nargs="+", choices=["rest", "mlflow"], default=["rest", "mlflow"]
     )
+    parser.add_argument(
+        "--auth", action="store_true", help="also against `mlflow server --app-name basic-auth`"
+    )
     args = parser.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="bench-guardians-"))
@@ -190,6 +200,14 @@ def main() -> int:
     )
     server = MlflowServer(root / "server").start()
     print(f"# mlflow server at {server.uri}; load average before: {load()}", flush=True)
+    auth_server = None
+    if args.auth:
+        sys.path.insert(0, str(REPO))
+        from tests.servers import BasicAuthServer
+
+        password = "bench-" + os.urandom(8).hex()
+        auth_server = BasicAuthServer(root / "auth-server", password).start()
+        print(f"# basic-auth server at {auth_server.uri}", flush=True)
     results: list[tuple[str, int, dict[str, float]]] = []
     try:
         for n in args.n:
@@ -198,15 +216,36 @@ def main() -> int:
                 if path not in args.paths:
                     continue
                 env = {**base, "MLFLOW_TRACKING_URI": server.uri, "LIFEGUARD_GUARDIAN_REST": force}
-                got = [
-                    one_round(n, env, lambda ids: statuses_http(server.uri, ids))
-                    for _ in range(rounds)
-                ]
+                got, got_auth = [], []
+                for _ in range(rounds):
+                    got.append(one_round(n, env, lambda ids: statuses_http(server.uri, ids)))
+                    if auth_server is None:
+                        continue
+                    env_auth = {
+                        **env,
+                        "MLFLOW_TRACKING_URI": auth_server.uri,
+                        "MLFLOW_TRACKING_USERNAME": BasicAuthServer.USER,
+                        "MLFLOW_TRACKING_PASSWORD": password,
+                    }
+                    # Read from the server's own sqlite file: a poll over HTTP every 20 ms
+                    # would cost a password check each, and queue the watchdog's requests
+                    # behind the benchmark's own.
+                    db = auth_server.root / "mlflow.db"
+                    got_auth.append(
+                        one_round(n, env_auth, lambda ids, db=db: statuses_sqlite(db, ids))
+                    )
                 summary = summarize(got)
                 results.append((f"server/{path}", n, summary))
                 print(
                     f"server {path:6} N={n:3} rounds={rounds} {summary} load {load()}", flush=True
                 )
+                if got_auth:
+                    summary = summarize(got_auth)
+                    results.append((f"basic-auth server/{path}", n, summary))
+                    print(
+                        f"basic-auth {path:6} N={n:3} rounds={rounds} {summary} load {load()}",
+                        flush=True,
+                    )
         for n in args.sqlite:
             db = root / f"sqlite-{n}.db"
             shutil.copy(root / "server" / "mlflow.db", db)  # migrated already
@@ -216,6 +255,8 @@ def main() -> int:
             print(f"sqlite mlflow N={n:3} {summary} load {load()}", flush=True)
     finally:
         server.stop()
+        if auth_server is not None:
+            auth_server.stop()
     print(f"\n# load average after: {load()}")
     print(
         "| store / path | N | all KILLED after (median) | not KILLED | watchdogs' peak RSS, "

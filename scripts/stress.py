@@ -79,6 +79,8 @@ AFTER_MS = 1000
 READY_TIMEOUT = 120.0
 EXIT_TIMEOUT = 30.0  # the grace period a launcher gives before SIGKILL
 WATCHDOG_TIMEOUT = 60.0
+# A last-gasp replayer writes within a second on sqlite and a live server; its bound is 600 s.
+REPLAYER_TIMEOUT = 60.0
 SWEEP_TIMEOUT = 120.0
 # An exit slower than this after the last signal means finalization waited on something.
 SLOW = 5.0
@@ -257,6 +259,13 @@ class Result:
     lifeguard_lines: list[str] = field(default_factory=list)
     workdir: str = ""
     runs: int = 0
+    # The batches MLflow's async logging had queued as lifeguard's finalizers started (None: the
+    # program never logged asynchronously): exits with a backlog are reported apart, for the
+    # flush may use the time the deadline leaves.
+    backlog: int | None = None
+    # The process left a last-gasp replayer (lifeguard.lastgasp): a status it could only journal,
+    # which the replayer wrote after its death (waited for before the runs are read).
+    last_gasp: bool = False
     # Set when the program, not lifeguard, changed how the signal ended it (see PROGRAMS_OWN):
     # the trial is then judged by the contract for the ending the program actually had.
     programs_own: str = ""
@@ -421,6 +430,8 @@ def run_trial(ctx: Context, trial: Trial) -> Result:
         finalized = [e["t"] for kind, e in events if kind == "FINALIZED"]
         if result.exit_seconds is not None and finalized:
             result.finalized_seconds = max(0.0, finalized[0] - sent)
+        backlogs = [e.get("backlog") for kind, e in events if kind == "FINALIZED"]
+        result.backlog = backlogs[0] if backlogs else None
         stderr = b"".join(stderr_chunks).decode(errors="replace")
         if trial.signal == "SIGINT" and returncode == 1 and raised_in_cleanup(stderr):
             result.programs_own = RAISED_IN_CLEANUP
@@ -433,6 +444,18 @@ def run_trial(ctx: Context, trial: Trial) -> Result:
             result.wrong.append(f"the watchdog still runs {WATCHDOG_TIMEOUT:.0f}s after the exit")
             with contextlib.suppress(OSError):
                 signal.pidfd_send_signal(watchdog_fd, signal.SIGKILL)
+        # A status the process could only journal is written by the replayer it left behind:
+        # its verdict is awaited here, as a user with no sweep would wait for it.
+        for replayer_fd in last_gasp_replayers(proc.pid, ctx.reaper):
+            result.last_gasp = True
+            if not wait_pidfd(replayer_fd, REPLAYER_TIMEOUT):
+                result.wrong.append(
+                    f"its last-gasp replayer still runs {REPLAYER_TIMEOUT:.0f}s after the exit"
+                )
+                with contextlib.suppress(OSError):
+                    signal.pidfd_send_signal(replayer_fd, signal.SIGKILL)
+            ctx.reaper.drop_pidfd(replayer_fd)
+            os.close(replayer_fd)
         if any(reader.is_alive() for reader in readers):
             result.wrong.append("stdout/stderr still open 10s after the exit (a descendant?)")
             os.killpg(proc.pid, signal.SIGKILL)
@@ -496,6 +519,28 @@ def run_trial(ctx: Context, trial: Trial) -> Result:
                     stream.close()
         if result.ok:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def last_gasp_replayers(pid: int, reaper: Reaper) -> list[int]:
+    """Pidfds of the last-gasp replayers process ``pid`` left (``--writer PID`` on their
+    command line), each handed to the reaper: detached, they are in no process group of ours."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"lifeguard.guardian.replay" not in argv or b"--writer" not in argv:
+            continue
+        if argv[argv.index(b"--writer") + 1] != str(pid).encode():
+            continue
+        with contextlib.suppress(ProcessLookupError):
+            fd = os.pidfd_open(int(name))
+            reaper.add_pidfd(fd)
+            found.append(fd)
+    return found
 
 
 def _tail(data: bytes, lines: int = 6) -> str:
@@ -834,6 +879,13 @@ def report(results: Sequence[Result], out: Any = sys.stdout) -> int:
     needed = sum(r.needed_replay and r.ok for r in results)
     w(f"\n{len(results) - len(wrong)}/{len(results)} trials right; {len(wrong)} wrong; "
       f"{needed} right only after the journal replay\n")  # fmt: skip
+    gasped = [r for r in results if r.last_gasp]
+    if gasped:
+        w(
+            f"{len(gasped)} trials left a last-gasp replayer for a status they could only "
+            f"journal ({sum(r.ok and not r.needed_replay for r in gasped)} of them right "
+            "without the sweep)\n"
+        )
     for why in PROGRAMS_OWN:
         own = [r for r in results if r.programs_own == why]
         if own:
@@ -880,6 +932,25 @@ def report(results: Sequence[Result], out: Any = sys.stdout) -> int:
             written = f"  written: p90 {percentile(ws, 0.9):.3f}  max {max(ws):.3f}" if ws else ""
             w(f"  {where:30} median {statistics.median(ts):.3f}  p90 {percentile(ts, 0.9):.3f}  "
               f"max {max(ts):.3f}{written}\n")  # fmt: skip
+        # A backlog of async metrics gets the time the deadline leaves (it is sent while it
+        # makes progress); without one, the exit is as before.
+        for label, group in (
+            ("with an async backlog", [r for r in results if r.backlog]),
+            ("without a backlog", [r for r in results if not r.backlog]),
+        ):
+            for signals_, title in ((("SIGTERM", "SIGHUP", "SIGTERMx2"), "SIGTERM/SIGHUP/x2"),
+                                    (("SIGINT",), "SIGINT")):  # fmt: skip
+                ts = [
+                    r.exit_seconds
+                    for r in group
+                    if r.exit_seconds is not None and r.trial.signal in signals_
+                ]
+                if ts:
+                    w(
+                        f"  {label:22} {title:18} {len(ts):>4} exits: median "
+                        f"{statistics.median(ts):.3f}  p99 {percentile(ts, 0.99):.3f}  "
+                        f"max {max(ts):.3f}\n"
+                    )
         done = [r.finalized_seconds for r in results if r.finalized_seconds is not None]
         if done:
             w(

@@ -6,16 +6,14 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
 from lifeguard.demo import ChildResult, run_child
 from lifeguard.demo import wait_gone as demo_wait_gone
-
-if TYPE_CHECKING:
-    pass
+from lifeguard.localserver import MlflowServer
 
 CHILDREN = Path(__file__).parent / "children"
 REPO = Path(__file__).parent.parent
@@ -23,6 +21,13 @@ REPO = Path(__file__).parent.parent
 # One child import of mlflow costs ~1.5 s of CPU; on a loaded 2-core machine a child can take
 # many times that. This bounds each wait, not the expected duration.
 CHILD_TIMEOUT = 90.0
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The few tests that take minutes (marked ``long``) go first, the rest keep their order.
+    Under `pytest -n auto --dist worksteal` (tox) the workers then share the short tests out
+    around them; a long test left to the end would run alone while the other worker idles."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 
 @pytest.fixture(scope="session")
@@ -37,6 +42,16 @@ def template_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("template") / "mlflow.db"
     MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()
     return path
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    """One real `mlflow server` per pytest worker, shared by every test that needs a live server
+    and looks only at runs it made itself (a start costs seconds of CPU: two interpreters import
+    mlflow). Tests that stop or restart their server, or need an empty one, start their own."""
+    srv = MlflowServer(tmp_path_factory.mktemp("server")).start()
+    yield srv
+    srv.stop()
 
 
 class Store:

@@ -1,7 +1,8 @@
 """Do no harm (issue 12), in-process: the program's own choices stand.
 
 The exit status of ``sys.exit(x)`` is CPython's, whatever ``x`` is; a bad option fails at
-``install()``, never at exit; and what the README promises about options and the API is true.
+``install()``, never at exit; and what docs/configuration.md promises about options and the
+README about the API is true.
 """
 
 from __future__ import annotations
@@ -278,7 +279,7 @@ def test_run_refuses_a_bad_variable_before_starting(store: Store, tmp_path: Path
     assert not marker.exists()
 
 
-# -- 4. signals by number, as the README says ------------------------------------------------
+# -- 4. signals by number, as docs/configuration.md says -------------------------------------
 
 
 @pytest.mark.parametrize(

@@ -72,8 +72,8 @@ def test_stderr_and_exit_status_as_without_lifeguard(scenario: Scenario, path: s
     if path == "KeyboardInterrupt" and raw.returncode == 1 and sys.version_info < (3, 11):
         # Raw MLflow's own atexit end_run, on 3.10 with a SQL store, makes SQLAlchemy generate
         # code (an exec) and CPython forgets the Ctrl-C: the program exits 1. With lifeguard the
-        # run is already ended, MLflow's hook writes nothing, and it dies of SIGINT (README,
-        # Limitations).
+        # run is already ended, MLflow's hook writes nothing, and it dies of SIGINT
+        # (docs/limitations.md).
         assert guarded.returncode == -signal.SIGINT
         return
     assert guarded.returncode == raw.returncode

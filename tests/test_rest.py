@@ -41,11 +41,10 @@ raise ImportError("mlflow was imported by the guardian")
 """
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
-    srv = MlflowServer(tmp_path_factory.mktemp("server")).start()
-    yield srv
-    srv.stop()
+@pytest.fixture
+def server(mlflow_server: MlflowServer) -> MlflowServer:
+    """The session's server (conftest.mlflow_server): this module's tests read only their runs."""
+    return mlflow_server
 
 
 @pytest.fixture(scope="module")

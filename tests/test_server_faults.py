@@ -24,11 +24,10 @@ pytestmark = pytest.mark.slow
 SECRET = "s3cret-token-do-not-write"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
-    srv = MlflowServer(tmp_path_factory.mktemp("server")).start()
-    yield srv
-    srv.stop()
+@pytest.fixture
+def server(mlflow_server: MlflowServer) -> MlflowServer:
+    """The session's server (conftest.mlflow_server): this module's tests read only their runs."""
+    return mlflow_server
 
 
 @pytest.fixture
@@ -103,6 +102,9 @@ def test_killed_server_then_back(scenario: Scenario, store: Store, tmp_path: Pat
     second: MlflowServer | None = None
     try:
         env = server_env(store, first.uri)
+        # No last-gasp replayer (tests/test_last_gasp.py has it): the entry waits for the sweep
+        # and the next install(), whose paths this test is about.
+        env["LIFEGUARD_REPLAY_BOUND"] = "0"
         result = scenario.run("--path", "sys.exit(3)", "--wait-stdin", env=env,
                               after_ready=lambda ready: first.stop())  # fmt: skip
         assert result.returncode == 3, result.stderr

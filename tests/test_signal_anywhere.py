@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -471,17 +472,18 @@ while True:
 
 def test_async_metrics_get_a_bounded_share(store: Store) -> None:
     """1,000 metrics queued with synchronous=False behind a store that takes 60 s for a batch:
-    an unbounded flush would eat the whole deadline and leave the run RUNNING. The flush gets
-    its share; the run ends KILLED; the log counts what was not sent."""
+    an unbounded flush would eat the whole deadline and leave the run RUNNING. The flush sends
+    nothing for a second and is given up; the run ends KILLED; the log counts what was not
+    sent."""
     result = run(
         program(
             """
-import mlflow.utils.async_logging.async_logging_queue as q
-original = q.AsyncLoggingQueue._log_run_data
-def slow_store(self):
+queue = mlflow.tracking._tracking_service.utils._get_store()._async_logging_queue
+original = queue._logging_func
+def slow_store(**batch):
     time.sleep(60)  # part of the program under test: a store that takes its time
-    return original(self)
-q.AsyncLoggingQueue._log_run_data = slow_store
+    return original(**batch)
+queue._logging_func = slow_store
 for step in range(1000):
     mlflow.log_metric("async_loss", 1.0 / (step + 1), step=step, synchronous=False)
 demo.announce(run_ids=[run.info.run_id])
@@ -495,7 +497,10 @@ threading.Event().wait()
     assert result.returncode == -signal.SIGTERM, result.stderr
     [run_id] = result.ready["run_ids"]  # type: ignore[misc]
     assert store.status(run_id) == "KILLED", result.stderr
-    assert "did not flush in time; 1000 queued metric" in result.stderr, result.stderr
+    # Less what MLflow's workers and the flush had in flight (stuck in the 60 s write).
+    unsent = re.search(r"did not flush in time; (\d+) queued metric", result.stderr)
+    assert unsent and 0 < int(unsent.group(1)) <= 1000, result.stderr
+    assert result.seconds < CHILD_TIMEOUT
 
 
 # Async metrics behind a slow store, then Ctrl-C: the queue still holds batches at the exit.
@@ -664,6 +669,7 @@ threading.Event().wait()
 IMPORT_REPEAT = int(os.environ.get("LIFEGUARD_TEST_IMPORT_REPEAT", "30"))
 
 
+@pytest.mark.long
 @pytest.mark.timeout(60 * IMPORT_REPEAT)
 def test_a_pending_journal_entry_never_disturbs_the_program_s_import(store: Store) -> None:
     """A pending entry (its server down) makes install() start a replay. It used to replay in a

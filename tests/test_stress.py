@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib.util
 import io
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -36,16 +35,16 @@ def load_stress() -> ModuleType:
     return module
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
-    srv = MlflowServer(tmp_path_factory.mktemp("server")).start()
-    yield srv
-    srv.stop()
+@pytest.fixture
+def server(mlflow_server: MlflowServer) -> MlflowServer:
+    """The session's server (conftest.mlflow_server): this module's tests read only their runs."""
+    return mlflow_server
 
 
 # Each trial costs ~2-4 s of CPU (a child importing mlflow, a sweep replay for a quarter of them),
 # and a trial that hits a finalization deadline adds 10 s of wall time. 2 jobs on a loaded
 # 2-core machine: this bounds the worst case, it is not the expected time (~2-4 minutes).
+@pytest.mark.long
 @pytest.mark.timeout(1200)
 def test_a_signal_at_any_instant(tmp_path: Path, server: MlflowServer) -> None:
     stress = load_stress()

@@ -10,7 +10,7 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -170,10 +170,10 @@ def test_bad_durations_are_named(text: str) -> None:
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[MlflowServer]:
-    srv = MlflowServer(tmp_path / "server").start()
-    yield srv
-    srv.stop()
+def server(mlflow_server: MlflowServer) -> MlflowServer:
+    """The session's server (conftest.mlflow_server). A sweep of it may also end orphans other
+    tests left there; these tests assert only on their own runs."""
+    return mlflow_server
 
 
 def run_sweep(
@@ -356,7 +356,10 @@ def test_sightings_in_a_directory_not_ours_count_for_nothing(tmp_path: Path) -> 
     journal = tmp_path / "journal"
     run = facts(owner_tags("far", 1, 1.0, 5_000))
     mine = Sightings(str(journal), "http://h").load()
-    mine.wall_ms, mine.up = 0, 0.0  # "first seen" at the dawn of time
+    # "First seen" two hours ago on both clocks. (Not at boot, up = 0.0: the boot clock then
+    # says the machine's uptime, under an hour on a machine just started.)
+    mine.wall_ms -= 7_200_000
+    mine.up = (mine.up or 0.0) - 7200.0
     mine.quiet_for(run)
     mine.save(["0"])
     assert Sightings(str(journal), "http://h").load().quiet_for(run) > 3600  # trusted: read

@@ -22,7 +22,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -42,23 +41,22 @@ POLL = 300.0  # seconds: bound on any wait for a sweep to do something
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[MlflowServer]:
-    srv = MlflowServer(tmp_path / "server").start()
-    yield srv
-    srv.stop()
+def server(mlflow_server: MlflowServer) -> MlflowServer:
+    """The session's server (conftest.mlflow_server). A sweep of it may also end orphans other
+    tests left there; these tests assert only on their own runs."""
+    return mlflow_server
 
 
-@pytest.fixture(scope="module")
-def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+@pytest.fixture
+def shared_server(mlflow_server: MlflowServer) -> MlflowServer:
     """For tests that each make runs of their own and touch no other."""
-    srv = MlflowServer(tmp_path_factory.mktemp("server")).start()
-    yield srv
-    srv.stop()
+    return mlflow_server
 
 
 class Recorder:
     """An HTTP front for the server that records every request. ``mode``: ``forward``
-    everything; ``deny`` everything; ``deny-writes`` forwards reads and searches only. A denial is
+    everything; ``deny`` everything; ``deny-writes`` forwards reads and searches only;
+    ``deny-status`` denies only status writes (``runs/update``). A denial is
     a 403 whose text quotes what it was sent, credentials included, as careless servers and
     proxies do: the secrets must still not come out of lifeguard."""
 
@@ -76,7 +74,12 @@ class Recorder:
                 body = self.rfile.read(length) if length else b""
                 recorder.requests.append((self.command, self.path, dict(self.headers), body))
                 write = self.command != "GET" and not self.path.endswith("/search")
-                if recorder.mode == "deny" or (recorder.mode == "deny-writes" and write):
+                status = self.path.endswith("/runs/update")
+                if (
+                    recorder.mode == "deny"
+                    or (recorder.mode == "deny-writes" and write)
+                    or (recorder.mode == "deny-status" and status)
+                ):
                     self.reply(403, recorder.denial(self), "application/json")
                     return
                 assert recorder.upstream_port is not None

@@ -28,7 +28,13 @@ import sys
 
 from lifeguard._fds import out_of_the_way
 from lifeguard.channel import SUPERVISOR, Channel
-from lifeguard.guardian.watchdog import Evidence, decide, finalize_leftovers, wait_for_exit
+from lifeguard.guardian.watchdog import (
+    Evidence,
+    dead_or_unknown,
+    decide,
+    finalize_leftovers,
+    wait_for_exit,
+)
 from lifeguard.names import GUARDIAN_ENV
 from lifeguard.outcome import Outcome
 from lifeguard.signals import die_by_signal
@@ -90,7 +96,7 @@ def supervise(cmd: Sequence[str], *, deadline: float | None = None) -> int:
         os.close(write_fd)
         raise SupervisorError(f"cannot start {cmd[0]!r}: {exc.strerror}") from None
     os.close(write_fd)  # EOF must come when the child (and its heirs) are gone, not us
-    terminal = _hand_terminal_to(proc.pid)
+    terminal = hand_terminal_to(proc.pid)
 
     def forward(signum: int, frame: FrameType | None) -> None:
         try:
@@ -109,11 +115,16 @@ def supervise(cmd: Sequence[str], *, deadline: float | None = None) -> int:
         os.close(read_fd)
 
     outcomes = {}
-    for pid in evidence.pending():
-        if pid == proc.pid:
-            outcomes[pid] = Outcome.from_wait_status(returncode, at=died_at)
-        else:  # a descendant that reported to us: we know only what it said
-            outcomes[pid] = decide(evidence, pid, died_at)
+    pending = evidence.pending()
+    if proc.pid in pending:
+        outcomes[proc.pid] = Outcome.from_wait_status(returncode, at=died_at)
+    # A descendant that reported to us (a launcher's ranks): we know only what it said, and
+    # that it may outlive our child. Its runs are ours to end only once it is verifiably gone;
+    # a live one ends its own, and one we cannot check from here (another PID namespace) is
+    # left to its journal and the sweep's heartbeat check, never taken for dead.
+    dead, _ = dead_or_unknown(evidence, [pid for pid in pending if pid != proc.pid])
+    for pid in dead:
+        outcomes[pid] = decide(evidence, pid, died_at)
     if outcomes:
         finalize_leftovers(
             evidence,
@@ -133,7 +144,7 @@ class SupervisorError(RuntimeError):
 
 def _watch_child(read_fd: int, proc: subprocess.Popen[bytes]) -> tuple[Evidence, int, float]:
     """Read the channel until the child exits, then reap it for its exact status."""
-    reaper = _OrphanReaper(proc.pid) if os.getpid() == 1 else None
+    reaper = OrphanReaper(proc.pid) if os.getpid() == 1 else None
     pidfd = os.pidfd_open(proc.pid)
     try:
         evidence, died_at = wait_for_exit(read_fd, pidfd)
@@ -191,7 +202,7 @@ def _prctl() -> Callable[..., int] | None:
 # -- as PID 1 ------------------------------------------------------------------------------------
 
 
-class _OrphanReaper:
+class OrphanReaper:
     """As a container's entrypoint the supervisor is PID 1 of its PID namespace, and every
     orphan there becomes its child: unless it reaps them they stay zombies, as without tini or
     dumb-init. On each SIGCHLD, reap every exited child except the program itself, whose
@@ -242,7 +253,7 @@ def _die_like_child(signum: int) -> None:
     die_by_signal(signum)
 
 
-def _hand_terminal_to(pgid: int) -> int | None:
+def hand_terminal_to(pgid: int) -> int | None:
     """If we are the terminal's foreground job, make the child's group the foreground, as a
     shell does, so that Ctrl-C and terminal reads behave as without lifeguard."""
     try:

@@ -97,14 +97,24 @@ def turn(directory: str | None = None, wait: float = WAIT) -> Iterator[int | Non
 def _open_turns(directory: str) -> list[tuple[int, int]]:
     """(number, fd) of each turn file that could be opened; none if the directory is not
     private or cannot be made."""
-    try:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-    except OSError as exc:
-        _log().debug("lifeguard: no guardian turns in %s: %s", directory, exc)
-        return []
+    # Said in one line, like the journal's refusal: a guardian that takes no turn still ends
+    # its runs, but fifty of them at once can exhaust a server (see the module's docstring),
+    # and whoever planted the directory, or left it unusable, should hear of it.
     why = untrusted_directory(directory)
+    if why is None:
+        try:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+        except OSError as exc:
+            why = f"cannot be made ({exc.strerror or exc})"
+        else:
+            why = untrusted_directory(directory)  # made meanwhile by someone else
     if why is not None:
-        _log().debug("lifeguard: no guardian turns in %s: it %s", directory, why)
+        _log().error(
+            "lifeguard: refusing guardian turns directory %s: it %s; "
+            "ending runs without taking turns",
+            directory,
+            why,
+        )
         return []
     fds = []
     flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)

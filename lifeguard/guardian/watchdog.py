@@ -102,6 +102,13 @@ class Evidence:
         # pid -> [(store or None if the program did not say, run id)]
         self.deferred: dict[int, list[tuple[str | None, str]]] = {}
         self.crash: str | None = None  # signal name from faulthandler's text
+        # pid -> the identity the process announced (``owner``): its boot and PID namespace,
+        # without which its pid and start time could be another container's process.
+        self.owners: dict[int, Owner] = {}
+        # pid -> store -> the experiments its runs were created in; a store in ``anywhere``
+        # had a run whose experiment was not said (searched in every experiment).
+        self.experiments: dict[int, dict[str, set[str]]] = {}
+        self.anywhere: dict[int, set[str]] = {}
         self._partial = b""
         self._warmed = False
 
@@ -119,9 +126,17 @@ class Evidence:
             return
         pid = item.pid
         self.start_times.setdefault(pid, item.start_time)
-        if item.verb == "uri":
+        if item.verb == "owner":
+            self._add_owner(item)
+        elif item.verb == "uri":
             self._add_uri(pid, item.arg)
             self.done.discard(pid)  # a run started after finish(): there is work again
+        elif item.verb == "exp":
+            uri, _, experiment = item.arg.partition(" ")
+            if not experiment or experiment == "?" or " " in experiment:
+                self.anywhere.setdefault(pid, set()).add(uri)
+            else:
+                self.experiments.setdefault(pid, {}).setdefault(uri, set()).add(experiment)
         elif item.verb == "done":
             self.done.add(pid)
         elif item.verb == "exit":
@@ -135,6 +150,37 @@ class Evidence:
             uri, _, run_ids = item.arg.partition(" ")
             self._add_uri(pid, uri)
             self.deferred.setdefault(pid, []).extend((uri, r) for r in run_ids.split())
+
+    def _add_owner(self, item: Message) -> None:
+        from lifeguard.owner import Owner
+
+        parts = item.arg.split(" ")
+        if len(parts) != 3 or not parts[2]:
+            return
+        boot, ns, host = (None if part == "-" else part for part in parts)
+        if host is not None:
+            self.owners.setdefault(item.pid, Owner(host, item.pid, item.start_time, boot, ns))
+
+    def owner(self, pid: int) -> Owner:
+        """The full identity of ``pid`` as it announced it. A process that announced none (a
+        lifeguard from before ``owner`` lines) is taken to share this guardian's host, boot
+        and PID namespace: the watchdog is forked from its program, the supervisor starts its
+        child; both are where their program is."""
+        from lifeguard.owner import Owner
+
+        announced = self.owners.get(pid)
+        if announced is not None:
+            return announced
+        here = Owner.current()
+        return Owner(here.host, pid, self.start_times[pid], here.boot_id, here.pid_ns)
+
+    def experiments_of(self, pid: int, uri: str) -> list[str] | None:
+        """The experiments to search in ``uri`` for ``pid``'s runs: the ones it announced, or
+        None (every experiment) if any of its runs there came without one, or it said none."""
+        if uri in self.anywhere.get(pid, ()):
+            return None
+        known = self.experiments.get(pid, {}).get(uri)
+        return sorted(known) if known else None
 
     def _add_uri(self, pid: int, uri: str) -> None:
         uris = self.uris.setdefault(pid, [])
@@ -266,8 +312,10 @@ class _MlflowStore:
         # runs.terminate reads the status itself: seen_running only saves a request over REST.
         return str(self.runs.terminate(client, run_id, outcome, ended_by=ended_by, journal=journal))
 
-    def find_running_owned_by(self, owner: Owner) -> list[str]:
-        return list(self.runs.find_running_owned_by(self.client, owner))
+    def find_running_owned_by(
+        self, owner: Owner, experiment_ids: list[str] | None = None
+    ) -> list[str]:
+        return list(self.runs.find_running_owned_by(self.client, owner, experiment_ids))
 
     def adopted_since(self, entry: Entry) -> bool:
         try:
@@ -275,6 +323,16 @@ class _MlflowStore:
         except Exception:  # noqa: BLE001 - cannot say: the write meets the same failure
             return False
         return bool(self.runs._resumed_since(client, entry))
+
+    def apply_journaled(self, entry: Entry, *, journal: Journal, ended_by: str) -> str:
+        """Write an entry the dead process journaled, as ``ended_by``; SUPERSEDED if its run
+        was adopted since."""
+        from lifeguard.journal import SUPERSEDED
+
+        if self.adopted_since(entry):
+            journal.remove(entry)
+            return SUPERSEDED
+        return self.apply(entry.written_by(ended_by), journal=journal, write_ahead=False)
 
     def has_run(self, run_id: str) -> bool:
         from mlflow.exceptions import MlflowException
@@ -325,6 +383,11 @@ class _Stores:
         self.made[uri] = store
         return store
 
+    def slow(self, uri: str) -> bool:
+        """Whether ``uri`` takes the mlflow path (an import of seconds before the first
+        request), rather than REST."""
+        return self.rest.unsupported(uri) is not None
+
     def close(self) -> None:
         self.exits.close()
 
@@ -337,17 +400,19 @@ def finalize_leftovers(
     deadline: float,
     in_turn: bool = True,
 ) -> dict[str, str]:
-    """End every run the dead processes left RUNNING, each on the store it was created in.
-    Returns run id -> result. ``in_turn``: in turns with the host's other guardians (see
-    turns.py), the deadline starting once the turn is ours; the supervisor does not wait for
-    one, as the job's exit waits on it, and a launcher's SIGKILL after its grace period would
-    find nothing journaled yet."""
+    """End every run the dead processes in ``outcomes`` left RUNNING, each on the store it was
+    created in. Returns run id -> result. ``in_turn``: in turns with the host's other guardians
+    (see turns.py), the deadline starting once the turn is ours; the supervisor does not wait
+    for one, as the job's exit waits on it, and a launcher's SIGKILL after its grace period
+    would find nothing journaled yet.
+
+    A process is known by its full identity (``Evidence.owner``): its runs are the RUNNING runs
+    whose owner tags name exactly it, and its journal entries those whose writer is exactly it.
+    A process with the same pid and start second in another container is another process."""
     import contextlib
-    import socket
 
     from lifeguard.guardian.turns import turn
-    from lifeguard.journal import SUPERSEDED, Journal
-    from lifeguard.owner import Owner
+    from lifeguard.journal import Journal
 
     results: dict[str, str] = {}
     journal = Journal()
@@ -355,45 +420,65 @@ def finalize_leftovers(
         journaled = list(journal.entries())
         stores = _Stores(deadline)
         try:
-            for pid in evidence.pending():
-                outcome = outcomes[pid]
+            for pid, outcome in outcomes.items():
+                owner = evidence.owner(pid)
+                # Stores over REST first: a few requests each, while the mlflow path's first
+                # store costs an import of seconds, which would eat their deadline.
+                fast_first = sorted(journaled, key=lambda e: stores.slow(e.tracking_uri))
                 # What the process journaled before it died is the truth it knew (the signal and
-                # its time, the exit code): written as it is, to the store the entry names. The
-                # rest get what the evidence says.
-                for entry in journaled:
-                    if entry.pid != pid:
-                        continue
+                # its time, the exit code): written as it is, to the store the entry names,
+                # unless a requeued job resumed the run while we waited our turn (its live
+                # owner ends it with the truth; this ending is history). The rest get what the
+                # evidence says.
+                for entry in fast_first:
+                    if entry.writer is None or not entry.writer.same_process(owner):
+                        continue  # another process's: a replay decides about it
                     store = stores.get(entry.tracking_uri)
-                    if store.adopted_since(entry):
-                        # A requeued job resumed the run while we waited our turn: its live
-                        # owner ends it with the truth; this ending is history.
-                        journal.remove(entry)
-                        results[entry.run_id] = SUPERSEDED
-                        continue
-                    results[entry.run_id] = store.apply(entry, journal=journal, write_ahead=False)
-                owner = Owner(socket.gethostname(), pid, evidence.start_times[pid])
-                uris = evidence.uris.get(pid, [])
+                    results[entry.run_id] = store.apply_journaled(
+                        entry, journal=journal, ended_by=ended_by
+                    )
+                uris = sorted(evidence.uris.get(pid, []), key=stores.slow)
                 if pid in evidence.deferred:
                     work = _deferred_work(stores, uris, evidence.deferred[pid])
-                else:
-                    work = []
-                    for uri in uris:
-                        store = stores.get(uri)
-                        found = _search(store, owner, stores.budget, ended_by, pid)
-                        work.extend((store, run_id, True) for run_id in found)
-                for store, run_id, seen_running in work:
-                    if run_id in results:
-                        continue
-                    results[run_id] = store.terminate(
-                        run_id,
-                        outcome,
-                        ended_by=ended_by,
-                        journal=journal,
-                        seen_running=seen_running,
-                    )
+                    _end_all(work, outcome, results, ended_by=ended_by, journal=journal)
+                    continue
+                for uri in uris:
+                    # Each store's runs ended before the next store is even opened.
+                    store = stores.get(uri)
+                    experiments = evidence.experiments_of(pid, uri)
+                    found = _search(store, owner, experiments, stores.budget, ended_by)
+                    work = [(store, run_id, True) for run_id in found]
+                    _end_all(work, outcome, results, ended_by=ended_by, journal=journal)
         finally:
             stores.close()
     return results
+
+
+def _end_all(
+    work: list[tuple[rest.RestStore | _MlflowStore, str, bool]],
+    outcome: Outcome,
+    results: dict[str, str],
+    *,
+    ended_by: str,
+    journal: Journal,
+) -> None:
+    for store, run_id, seen_running in work:
+        if run_id in results:
+            continue
+        results[run_id] = store.terminate(
+            run_id, outcome, ended_by=ended_by, journal=journal, seen_running=seen_running
+        )
+
+
+def dead_or_unknown(evidence: Evidence, pids: list[int]) -> tuple[list[int], list[int]]:
+    """Of processes other than the one a guardian watched die, those verifiably dead (their
+    runs are the guardian's to end) and the rest: alive, or not checkable from here (another
+    PID namespace), left to themselves, the journal and the sweep's heartbeat check."""
+    dead: list[int] = []
+    left: list[int] = []
+    for pid in pids:
+        (dead if evidence.owner(pid).is_alive() is False else left).append(pid)
+    return dead, left
 
 
 # Between two tries of a search that failed (a sqlite store locked by someone else, a server
@@ -404,14 +489,15 @@ SEARCH_RETRY = 0.25
 def _search(
     store: rest.RestStore | _MlflowStore,
     owner: Owner,
+    experiments: list[str] | None,
     budget: rest.Budget,
     ended_by: str,
-    pid: int,
 ) -> list[str]:
-    """The RUNNING runs ``owner`` left in ``store``, tried again until the deadline."""
+    """The RUNNING runs ``owner`` left in ``store`` (in ``experiments``, None: all), tried again
+    until the deadline."""
     while True:
         try:
-            return store.find_running_owned_by(owner)
+            return store.find_running_owned_by(owner, experiments)
         except Exception as exc:  # noqa: BLE001 - report and go on with the other stores
             if budget.left() > 2 * SEARCH_RETRY:
                 time.sleep(SEARCH_RETRY)
@@ -423,7 +509,7 @@ def _search(
                 "`lifeguard sweep` will find them by their owner tags",
                 ended_by,
                 store.tracking_uri,
-                pid,
+                owner.pid,
                 exc,
             )
             return []
@@ -469,7 +555,11 @@ def main(argv: list[str]) -> int:
     pending = evidence.pending()
     if not pending:
         return 0  # the program finalized itself, or never started a run: nothing to import
-    outcomes = {pid: decide(evidence, pid, died_at) for pid in pending}
+    # The program is dead (its pidfd said so). Anyone else who wrote to the channel (none
+    # should: a forked child closes it) is ended only if verifiably dead too.
+    others, _ = dead_or_unknown(evidence, [pid for pid in pending if pid != parent])
+    outcomes = {pid: decide(evidence, pid, died_at) for pid in pending if pid == parent}
+    outcomes.update({pid: decide(evidence, pid, died_at) for pid in others})
     finalize_leftovers(evidence, outcomes, ended_by="watchdog", deadline=deadline)
     return 0
 

@@ -1,28 +1,55 @@
 #!/usr/bin/env bash
-# A single-node Slurm cluster for tests/slurm (tox -e slurm), without systemd.
+# A single-node Slurm cluster for tests/slurm (tox -e slurm), without systemd, apart from any
+# Slurm or munge that already runs on the machine.
 #
-#   tests/slurm/cluster.sh [start]   install (if missing), configure and start munge, slurmctld, slurmd
+#   tests/slurm/cluster.sh [start]   install (if missing), configure and start munged, slurmctld, slurmd
 #   tests/slurm/cluster.sh stop      stop what `start` started (by the pid files it wrote)
-#   tests/slurm/cluster.sh status    exit 0 if the node answers and is idle/mixed/allocated
+#   tests/slurm/cluster.sh status    exit 0 if this cluster's node answers and is idle/mixed/allocated
+#
+# Running `start` changes the machine: it may apt-get install Debian's Slurm and munge, and it
+# starts three daemons. The tests run it only when asked (LIFEGUARD_SLURM=1, or CI=true); run by
+# hand, it is asked.
 #
 # Idempotent: `start` on a running cluster it started leaves it running (restarting the daemons
 # only when the configuration it would write differs). Everything lives in $LIFEGUARD_SLURM_DIR
-# (default /tmp/lifeguard-slurm): slurm.conf, state, spool, logs and pid files. Clients find the
-# configuration through SLURM_CONF=$LIFEGUARD_SLURM_DIR/slurm.conf, so /etc/slurm is not touched.
+# (default /tmp/lifeguard-slurm): slurm.conf, state, spool, logs, pid files and munge/ (its own
+# munged's key, socket, pid file and log). Nothing under /etc is read or written, and the cluster
+# cannot meet another one on the machine:
+#   - its own ports, not Slurm's 6817/6818 (it refuses to start when another process has them);
+#   - its own munged: its own key and socket (AuthInfo=socket=... in its slurm.conf);
+#   - its own ClusterName, and job ids from FirstJobId=7000000;
+#   - every client call here gets SLURM_CONF=$LIFEGUARD_SLURM_DIR/slurm.conf and none of the
+#     SLURM_*/SBATCH_*/SRUN_*/SALLOC_* variables it inherited (from a job of a real cluster).
 #
 # Needs root (the packages, munged as user munge, slurmd). Exit status 2 means "cannot run
-# here" (no root, or the packages cannot be installed): the tests skip on it outside CI.
+# here" (no root, or the packages cannot be installed).
 #
 # Settings (environment):
+#   LIFEGUARD_SLURM_DIR        where everything lives (default /tmp/lifeguard-slurm)
+#   LIFEGUARD_SLURMCTLD_PORT   slurmctld's port (default 16817)
+#   LIFEGUARD_SLURMD_PORT      slurmd's port (default 16818)
 #   LIFEGUARD_SLURM_PROCTRACK  linuxproc (default) or cgroup (cgroup v1; with task/cgroup)
 #   LIFEGUARD_SLURM_KILLWAIT   seconds between SIGTERM and SIGKILL (default 5)
 set -euo pipefail
 
 DIR="${LIFEGUARD_SLURM_DIR:-/tmp/lifeguard-slurm}"
 CONF="$DIR/slurm.conf"
+CLUSTER=lifeguard-test
+CTLD_PORT="${LIFEGUARD_SLURMCTLD_PORT:-16817}"
+SLURMD_PORT="${LIFEGUARD_SLURMD_PORT:-16818}"
+MUNGE_DIR="$DIR/munge"
+MUNGE_SOCKET="$MUNGE_DIR/munge.socket"
 PROCTRACK="${LIFEGUARD_SLURM_PROCTRACK:-linuxproc}"
 KILLWAIT="${LIFEGUARD_SLURM_KILLWAIT:-5}"
 PACKAGES=(slurmctld slurmd slurm-client munge)
+
+# Every Slurm client below (sinfo, scontrol, scancel, slurmd -C) talks to this cluster only.
+for name in $(compgen -e); do
+    case "$name" in
+    SLURM_* | SBATCH_* | SRUN_* | SALLOC_* | SQUEUE_* | SINFO_* | SCANCEL_* | SCONTROL_*) unset "$name" ;;
+    esac
+done
+export SLURM_CONF="$CONF"
 
 log() { echo "cluster.sh: $*" >&2; }
 cannot() { log "$*"; exit 2; }
@@ -47,17 +74,20 @@ stop_pidfile() { # pid file, name: TERM, wait up to 10 s, then KILL
     rm -f "$file"
 }
 
+listening() { # port -> does any process on this machine listen on it (TCP, IPv4 or IPv6)?
+    local hex
+    hex="$(printf ':%04X' "$1")"
+    awk -v port="$hex" 'FNR > 1 && $4 == "0A" && substr($2, length($2) - 4) == port { found = 1 }
+        END { exit !found }' /proc/net/tcp /proc/net/tcp6 2>/dev/null
+}
+
 do_stop() {
     if [ -n "$(command -v scancel)" ] && [ -f "$CONF" ] && alive "$DIR/slurmctld.pid"; then
-        SLURM_CONF="$CONF" timeout 10 scancel --full --quiet --user="$(id -un)" 2>/dev/null || true
+        timeout 10 scancel --full --quiet --user="$(id -un)" 2>/dev/null || true
     fi
     stop_pidfile "$DIR/slurmd.pid" slurmd
     stop_pidfile "$DIR/slurmctld.pid" slurmctld
-    # munged writes its own pid file; stop it only if this script started it.
-    if [ -f "$DIR/munged.started" ]; then
-        stop_pidfile "$DIR/munged.pid" munged
-        rm -f "$DIR/munged.started"
-    fi
+    stop_pidfile "$MUNGE_DIR/munged.pid" munged # ours: its own pid file, key and socket
     log "stopped"
 }
 
@@ -95,12 +125,14 @@ EOF
         mv "$DIR/cgroup.conf.new" "$DIR/cgroup.conf"
     fi
     cat >"$CONF.new" <<EOF
-# Written by tests/slurm/cluster.sh: a single-node test cluster.
-ClusterName=lifeguard
-SlurmctldHost=$host
+# Written by tests/slurm/cluster.sh: a single-node test cluster, apart from any other on this
+# machine (its own ports, munged, state, spool and job ids).
+ClusterName=$CLUSTER
+SlurmctldHost=$host(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
+AuthInfo=socket=$MUNGE_SOCKET
 CryptoType=crypto/munge
 MpiDefault=none
 ProctrackType=proctrack/$PROCTRACK
@@ -108,8 +140,9 @@ TaskPlugin=$task
 ReturnToService=2
 SlurmctldPidFile=$DIR/slurmctld.pid
 SlurmdPidFile=$DIR/slurmd.pid
-SlurmctldPort=6817
-SlurmdPort=6818
+SlurmctldPort=$CTLD_PORT
+SlurmdPort=$SLURMD_PORT
+FirstJobId=7000000
 StateSaveLocation=$DIR/state
 SlurmdSpoolDir=$DIR/spool
 SlurmctldLogFile=$DIR/slurmctld.log
@@ -126,7 +159,9 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 # A short grace between SIGTERM and SIGKILL; the tests wait through it.
 KillWait=$KILLWAIT
-MinJobAge=300
+# A finished job's record is kept for the whole session: test_time_limit judges its jobs last,
+# minutes after their limit (with the default 300 s a slow run found them purged).
+MinJobAge=3600
 InactiveLimit=0
 Waittime=0
 # Jobs of a higher partition tier preempt lower ones; debug's jobs are requeued when they
@@ -146,34 +181,51 @@ EOF
     return 0
 }
 
-start_munge() {
-    if munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; then
-        return 0 # a munged is answering (ours or the machine's)
+munge_answers() {
+    munge --socket="$MUNGE_SOCKET" -n </dev/null 2>/dev/null |
+        unmunge --socket="$MUNGE_SOCKET" >/dev/null 2>&1
+}
+
+start_munge() { # our own munged: own key, socket, pid file and log, all in $MUNGE_DIR
+    if alive "$MUNGE_DIR/munged.pid" && munge_answers; then
+        return 0
     fi
-    [ -s /etc/munge/munge.key ] || {
-        log "creating /etc/munge/munge.key"
+    stop_pidfile "$MUNGE_DIR/munged.pid" munged
+    install -d -o munge -g munge -m 0755 "$MUNGE_DIR"
+    if [ ! -s "$MUNGE_DIR/munge.key" ]; then
         if command -v mungekey >/dev/null; then
-            runuser -u munge -- mungekey --create >&2
+            runuser -u munge -- mungekey --create --keyfile="$MUNGE_DIR/munge.key" >&2
         else
-            dd if=/dev/urandom bs=1 count=1024 of=/etc/munge/munge.key status=none
-            chown munge:munge /etc/munge/munge.key
-            chmod 0400 /etc/munge/munge.key
+            dd if=/dev/urandom bs=1 count=1024 of="$MUNGE_DIR/munge.key" status=none
         fi
-    }
-    install -d -o munge -g munge -m 0755 /run/munge
-    install -d -o munge -g munge -m 0700 /var/lib/munge /var/log/munge
-    runuser -u munge -- munged --force --pid-file=/run/munge/munged.pid
-    cp /run/munge/munged.pid "$DIR/munged.pid"
-    touch "$DIR/munged.started"
+    fi
+    chown munge:munge "$MUNGE_DIR/munge.key"
+    chmod 0400 "$MUNGE_DIR/munge.key"
+    # --force: a socket left by a munged of ours that was killed is removed, not refused.
+    runuser -u munge -- munged --force --socket="$MUNGE_SOCKET" \
+        --key-file="$MUNGE_DIR/munge.key" --pid-file="$MUNGE_DIR/munged.pid" \
+        --log-file="$MUNGE_DIR/munged.log" --seed-file="$MUNGE_DIR/munged.seed"
     for _ in $(seq 50); do
-        munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1 && return 0
+        munge_answers && return 0
         sleep 0.1
     done
-    cannot "munged does not answer"
+    cannot "munged does not answer on $MUNGE_SOCKET (see $MUNGE_DIR/munged.log)"
+}
+
+ours() { # is the controller on our port this cluster's own (and alive by our pid files)?
+    alive "$DIR/slurmctld.pid" && alive "$DIR/slurmd.pid" &&
+        timeout 5 scontrol show config 2>/dev/null | grep -qE "^ClusterName += $CLUSTER\$"
 }
 
 node_ready() {
-    SLURM_CONF="$CONF" timeout 5 sinfo -h -N -o '%T' 2>/dev/null | grep -qE '^(idle|mixed|allocated)'
+    ours && timeout 5 sinfo -h -N -o '%T' 2>/dev/null | grep -qE '^(idle|mixed|allocated)'
+}
+
+free_port() { # port, variable that sets it, daemon: fail unless the port is free
+    if listening "$1"; then
+        log "port $1 is taken by another process: set $2 to a free port for the test $3"
+        exit 1
+    fi
 }
 
 do_start() {
@@ -189,21 +241,23 @@ do_start() {
         stop_pidfile "$DIR/slurmctld.pid" slurmctld
     fi
     if ! alive "$DIR/slurmctld.pid"; then
+        free_port "$CTLD_PORT" LIFEGUARD_SLURMCTLD_PORT slurmctld
         # -i: ignore state left by an earlier run of this script (its jobs are gone).
         slurmctld -f "$CONF" -i
     fi
     if ! alive "$DIR/slurmd.pid"; then
+        free_port "$SLURMD_PORT" LIFEGUARD_SLURMD_PORT slurmd
         slurmd -f "$CONF"
     fi
     for _ in $(seq 150); do
         if node_ready; then
-            log "ready: SLURM_CONF=$CONF (proctrack/$PROCTRACK, KillWait=$KILLWAIT)"
+            log "ready: SLURM_CONF=$CONF (ports $CTLD_PORT/$SLURMD_PORT, proctrack/$PROCTRACK, KillWait=$KILLWAIT)"
             echo "$CONF"
             return 0
         fi
         sleep 0.2
     done
-    SLURM_CONF="$CONF" sinfo -N -l >&2 || true
+    sinfo -N -l >&2 || true
     tail -n 20 "$DIR/slurmctld.log" "$DIR/slurmd.log" >&2 || true
     log "the node did not come up within 30 s"
     exit 1

@@ -1,8 +1,16 @@
 """A real single-node Slurm cluster (tests/slurm/cluster.sh) and helpers to run jobs on it.
 
-The cluster is started by ``tox -e slurm`` (commands_pre) or, when pytest is run by hand as
-root, by the ``slurm`` fixture itself (and stopped at the end). Without root or packages the
-tests skip, visibly; under CI (``CI=true``) they fail instead, so CI never passes by skipping.
+The cluster changes the machine (it may apt-get install Slurm and munge, and it starts three
+daemons), so it is started only when asked: ``LIFEGUARD_SLURM=1``, or ``CI=true``. Otherwise
+every test here is skipped, with one line that says how to ask, and nothing is installed or
+started, as root too. Asked, it is started once per session, after collection (so that its
+start, apt-get included, counts against no test's timeout), and stopped at the end; if it cannot
+run (no root, no packages), the tests fail: asked, a skip would pass for a run.
+
+The cluster never meets another Slurm on the machine (cluster.sh: its own ports, munged,
+config, state and job ids), and every client call of these tests goes to it: ``SLURM_CONF`` is
+its slurm.conf, whatever the environment said, and no inherited ``SLURM_*``/``SBATCH_*``/...
+variable (those of a job of a real cluster) reaches sbatch, scancel or scontrol.
 
 Jobs are submitted with sbatch and synchronised on the lines ``train.py`` writes to a file;
 every wait has a timeout. Each test submits its jobs together (every shape, with lifeguard and
@@ -50,10 +58,81 @@ def _in_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
-def _unavailable(why: str) -> None:
-    if _in_ci():
-        pytest.fail(f"Slurm cluster unavailable under CI: {why}", pytrace=False)
-    pytest.skip(f"no Slurm cluster: {why}")
+def asked() -> bool:
+    """Only when asked may these tests install packages and start daemons."""
+    return _in_ci() or os.environ.get("LIFEGUARD_SLURM", "").lower() in ("1", "true", "yes")
+
+
+NOT_ASKED = (
+    "not asked: the Slurm tests install Slurm and munge (apt-get) and start a test cluster; "
+    "set LIFEGUARD_SLURM=1 to run them (CI=true does too)"
+)
+# Variables Slurm's clients read that could point them at another cluster or change what they
+# submit (a job of a real cluster exports SLURM_JOB_ID, SLURM_CONF, SBATCH_*, ...).
+CLIENT_VARIABLES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "SQUEUE_", "SINFO_", "SCANCEL_",
+                    "SCONTROL_")  # fmt: skip
+
+
+def client_env() -> dict[str, str]:
+    """Our environment for a Slurm client: this cluster's slurm.conf, nothing inherited."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(CLIENT_VARIABLES)}
+    env["SLURM_CONF"] = str(SLURM_DIR / "slurm.conf")
+    return env
+
+
+def _here(item: pytest.Item) -> bool:
+    return HERE in item.path.parents
+
+
+# What the start in pytest_collection_finish found: None (not started), or why it failed.
+_CLUSTER: dict[str, object] = {"started": False, "error": None}
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if not asked() or session.config.option.collectonly:
+        return
+    if not any(_here(item) for item in session.items):
+        return
+    if sys.platform != "linux":
+        _CLUSTER["error"] = "Linux only"
+        return
+    env = client_env()
+
+    def ready() -> bool:
+        if not (SLURM_DIR / "slurm.conf").exists() or shutil.which("sinfo") is None:
+            return False
+        done = subprocess.run(
+            [str(CLUSTER), "status"], env=env, capture_output=True, timeout=60, check=False
+        )
+        return done.returncode == 0
+
+    if ready():
+        return  # started by an earlier session (or by hand): left running, as found
+    if os.geteuid() != 0:
+        _CLUSTER["error"] = "not root, and no cluster running (run tests/slurm/cluster.sh as root)"
+        return
+    SLURM_DIR.mkdir(parents=True, exist_ok=True)
+    with open(SLURM_DIR.parent / "lifeguard-slurm.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # xdist workers or two sessions: one start
+        if ready():
+            return
+        done = subprocess.run(
+            [str(CLUSTER), "start"], env=env, capture_output=True, text=True,
+            timeout=900, check=False,
+        )  # fmt: skip
+    if done.returncode != 0:
+        _CLUSTER["error"] = f"cluster.sh start exited {done.returncode}: {done.stderr.strip()}"
+        return
+    _CLUSTER["started"] = True
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if not asked() and exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+        # test_slurm.py skipped itself, as asked: a success (tox -e slurm says OK), not "no tests".
+        session.exitstatus = pytest.ExitCode.OK
+    if _CLUSTER["started"]:
+        subprocess.run([str(CLUSTER), "stop"], env=client_env(), timeout=120, check=False)
+        _CLUSTER["started"] = False
 
 
 @dataclass
@@ -77,43 +156,16 @@ class Slurm:
 
 
 @pytest.fixture(scope="session")
-def slurm() -> Iterator[Slurm]:
-    if sys.platform != "linux":
-        _unavailable("Linux only")
-    conf = Path(os.environ.get("SLURM_CONF") or SLURM_DIR / "slurm.conf")
-    env = {**os.environ, "SLURM_CONF": str(conf)}
-    started = False
-
-    def ready() -> bool:
-        if not conf.exists() or shutil.which("sinfo") is None:
-            return False
-        done = subprocess.run(
-            [str(CLUSTER), "status"], env=env, capture_output=True, timeout=30, check=False
-        )
-        return done.returncode == 0
-
-    if not ready():
-        if os.geteuid() != 0:
-            _unavailable("not root, and no cluster running (run tests/slurm/cluster.sh as root)")
-        SLURM_DIR.mkdir(parents=True, exist_ok=True)
-        with open(SLURM_DIR.parent / "lifeguard-slurm.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # xdist workers or two sessions: one start
-            if not ready():
-                done = subprocess.run(
-                    [str(CLUSTER), "start"], env=env, capture_output=True, text=True,
-                    timeout=600, check=False,
-                )  # fmt: skip
-                if done.returncode == 2:
-                    _unavailable(done.stderr.strip())
-                assert done.returncode == 0, done.stderr
-                started = True
+def slurm() -> Slurm:
+    if _CLUSTER["error"]:
+        # Asked, and the cluster cannot run: a failure, never a skip that passes for a run.
+        pytest.fail(f"Slurm test cluster unavailable: {_CLUSTER['error']}", pytrace=False)
+    conf = SLURM_DIR / "slurm.conf"
     text = conf.read_text()
     match = re.search(r"^KillWait=(\d+)", text, re.M)
     kill_wait = float(match.group(1)) if match else 30.0
     match = re.search(r"^ProctrackType=proctrack/(\w+)", text, re.M)
-    yield Slurm(conf, env, kill_wait, match.group(1) if match else "unknown")
-    if started:
-        subprocess.run([str(CLUSTER), "stop"], env=env, timeout=120, check=False)
+    return Slurm(conf, client_env(), kill_wait, match.group(1) if match else "unknown")
 
 
 @dataclass

@@ -7,7 +7,8 @@ the session (``conftest.pytest_terminal_summary``), never asserted: it is the ba
 
 The bare shape (``python train.py`` as a child of the batch shell) is not one of the two: under
 proctrack/linuxproc scancel signals every process of the job, so it behaves like ``exec``; under
-proctrack/cgroup the child is SIGKILLed microseconds after the shell dies (README, Slurm).
+proctrack/cgroup the child is SIGKILLed microseconds after the shell dies
+(docs/slurm-and-containers.md).
 """
 
 from __future__ import annotations
@@ -23,7 +24,11 @@ import pytest
 from lifeguard.demo import wait_gone
 from lifeguard.preemption import TAG_WARNING
 
-from .conftest import SHAPES, TIMEOUT, Job, Slurm, Submitter, record
+from .conftest import NOT_ASKED, SHAPES, TIMEOUT, Job, Slurm, Submitter, asked, record
+
+if not asked():
+    # One line for the whole module (a skip per test prints a line per test), nothing started.
+    pytest.skip(NOT_ASKED, allow_module_level=True)
 
 pytestmark = pytest.mark.slow
 
@@ -123,7 +128,8 @@ def nothing_inside_can_act(sub: Submitter, ran: Ran, case: str, shape: str) -> R
 def test_scancel(submitter: Submitter, slurm: Slurm) -> None:
     """scancel: SIGCONT and SIGTERM to every process of the job, SIGKILL after KillWait."""
     # The bare shape too: under proctrack/linuxproc scancel signals every process of the job,
-    # the batch shell's child included (under proctrack/cgroup it is SIGKILLed: README).
+    # the batch shell's child included (under proctrack/cgroup it is SIGKILLed:
+    # docs/slurm-and-containers.md).
     jobs = {shape: submit_pair(submitter, "scancel", shape) for shape in (*SHAPES, "bare")}
     started = {job.id: ready(job) for pair in jobs.values() for job in pair}
     cancelled = time.time()
@@ -136,7 +142,7 @@ def test_scancel(submitter: Submitter, slurm: Slurm) -> None:
         record("scancel", shape, "lifeguard", ran.summary())
         record("scancel", shape, "raw", base.summary())
         if shape == "bare" and slurm.proctrack != "linuxproc":
-            # The batch shell dies of the SIGTERM and its child is SIGKILLed at once (README).
+            # The batch shell dies of the SIGTERM and its child is SIGKILLed at once (docs/).
             ran = nothing_inside_can_act(submitter, ran, "scancel", shape)
             assert ran.status == "KILLED", ran.summary()
             check_end_time(ran, cancelled)

@@ -39,7 +39,7 @@ HF = {
     "SIGINT": ("KILLED", -signal.SIGINT),
     "SIGTERM": ("KILLED", -signal.SIGTERM),
 }
-# What the same programs record without lifeguard (the README's "raw" column).
+# What the same programs record without lifeguard (docs/distributed.md, "without lifeguard").
 LIGHTNING_RAW = {"SIGTERM": ("FAILED", 0)}  # Lightning exits 0 after SIGTERM
 HF_RAW = {
     "sys.exit(3)": ("FINISHED", 3),

@@ -190,7 +190,7 @@ def test_a_hanging_and_a_raising_tracker_stop_no_other(store: Store, tmp_path: P
 
 
 def test_without_lifeguard_sigterm_loses_them(store: Store, tmp_path: Path) -> None:
-    """The baseline the README's table states: unguarded, SIGTERM leaves wandb with no exit
+    """The baseline docs/trackers.md's table states: unguarded, SIGTERM leaves wandb with no exit
     record and no history, TensorBoard, SwanLab and trackio without any of the metrics logged."""
     need("wandb", "tensorboardX", "swanlab", "trackio")
     trackers = ("wandb", "tensorboardX", "swanlab", "trackio")

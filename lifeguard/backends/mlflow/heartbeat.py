@@ -151,7 +151,7 @@ class Heartbeat:
                     # announced a store at start_run.
                     store = stores.current()
                     stores.note_resumed(run_id, store)
-                    _announce(store)
+                    _announce(store, getattr(run.info, "experiment_id", None))  # type: ignore[attr-defined]
                     client.log_batch(run_id, tags=owner_tags)
                     self._adopted.add(run_id)
                     logger().debug("lifeguard: adopted resumed run %s", run_id)
@@ -177,12 +177,12 @@ class Heartbeat:
         return beaten
 
 
-def _announce(store: Store) -> None:
+def _announce(store: Store, experiment_id: str | None) -> None:
     from lifeguard.lifecycle import current
 
     lifecycle = current()
     if lifecycle is not None and lifecycle.channel is not None:
-        lifecycle.channel.send_uri(store.absolute)
+        lifecycle.channel.send_uri(store.absolute, experiment_id)
 
 
 # The process's heartbeat: started when lifeguard is installed and mlflow loaded (whichever comes

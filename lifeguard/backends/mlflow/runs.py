@@ -17,8 +17,11 @@ from lifeguard.journal import (
     ALREADY_ENDED,
     ENDED,
     FAILED,
+    GONE,
     JOURNALED,
+    NOT_SENT,
     SUPERSEDED,
+    WAITING,
     Entry,
     Journal,
     after_failed_write,
@@ -40,8 +43,10 @@ __all__ = [
     "ENDED",
     "FAILED",
     "JOURNALED",
+    "NOT_SENT",
     "RUNNING",
     "SUPERSEDED",
+    "WAITING",
     "bounded_http",
     "find_running_owned_by",
     "replay_journal",
@@ -49,6 +54,9 @@ __all__ = [
 ]
 
 RUNNING = "RUNNING"
+# How long a replay waits for an entry another one is writing: one attempt of a last-gasp
+# replayer (lifeguard.guardian.replay.ATTEMPT, 5 s), and some.
+CLAIM_WAIT = 10.0
 PAGE = 1000  # runs per search request
 EXPERIMENTS_PER_SEARCH = 100
 
@@ -124,8 +132,11 @@ def apply(client: MlflowClient, entry: Entry, *, journal: Journal | None, write_
         if ended is None:  # not a SQL store: the client's calls
             ended = _still_running(client, entry.run_id)
             if ended:
-                client.log_batch(entry.run_id, tags=[RunTag(k, v) for k, v in entry.tags.items()])
+                # The status first: a deadline that falls between the two writes must not
+                # leave a RUNNING run that already says "killed" (the SQL path does both in
+                # one transaction).
                 _set_terminated(client, entry)
+                _reason_tags(client, entry)
         result = ENDED if ended else ALREADY_ENDED
     except Exception as exc:  # noqa: BLE001 - any failure to reach the store means: keep it
         return after_failed_write(journal, entry, client.tracking_uri, _first_line(exc))
@@ -152,6 +163,21 @@ def _still_running(client: MlflowClient, run_id: str) -> bool:
     return bool(info.status == RUNNING and info.lifecycle_stage != "deleted")
 
 
+def _reason_tags(client: MlflowClient, entry: Entry) -> None:
+    """The reason tags of a run whose status was just written. Their failure loses the why,
+    not the status: said in one line, and the entry counts as written."""
+    try:
+        client.log_batch(entry.run_id, tags=[RunTag(k, v) for k, v in entry.tags.items()])
+    except Exception as exc:  # noqa: BLE001 - the status is in; only the reason is missing
+        logger().warning(
+            "lifeguard: run %s ended %s at %s, but its reason tags could not be written: %s",
+            entry.run_id,
+            entry.status,
+            redact_uri(client.tracking_uri),
+            _first_line(exc),
+        )
+
+
 def _set_terminated(client: MlflowClient, entry: Entry) -> None:
     """``client.set_terminated`` without its two side trips: it first shuts MLflow's async
     logging down, waiting for the whole queue however long that takes (the finalizer gives that
@@ -172,11 +198,30 @@ def _set_terminated(client: MlflowClient, entry: Entry) -> None:
 
 
 def replay_journal(
-    journal: Journal, *, tracking_uri: str | None = None, budget: float | None = 30.0
+    journal: Journal,
+    *,
+    tracking_uri: str | None = None,
+    budget: float | None = 30.0,
+    ended_by: str = "replay",
 ) -> dict[str, int]:
     """Write every journaled status whose server answers. With ``tracking_uri``, only that
-    server's entries. A server that fails once is not asked again in this replay."""
-    counts = {ENDED: 0, ALREADY_ENDED: 0, JOURNALED: 0, FAILED: 0, SUPERSEDED: 0}
+    server's entries. A server that fails once is not asked again in this replay. ``ended_by``
+    names the writer in ``lifeguard.ended_by`` (``replay``, or ``sweep`` from a sweep).
+
+    Each count is what happened, no more: ``ended``/``already ended``/``superseded`` were
+    asked of the server; ``journaled`` is a request the server failed; ``not sent`` an entry
+    whose server had already failed in this replay; ``waiting`` an entry whose writer still
+    runs here (it may still be finalizing: it writes the entry itself, or its guardian or a
+    later replay does)."""
+    counts = {
+        ENDED: 0,
+        ALREADY_ENDED: 0,
+        JOURNALED: 0,
+        FAILED: 0,
+        SUPERSEDED: 0,
+        WAITING: 0,
+        NOT_SENT: 0,
+    }
     clients: dict[str, MlflowClient] = {}
     dead: set[str] = set()
     with bounded_http(budget):
@@ -184,13 +229,11 @@ def replay_journal(
             if tracking_uri is not None and entry.tracking_uri != redact_uri(tracking_uri):
                 continue
             if _writer_alive(entry):
-                # Journaled ahead by a process still finalizing: its own finalizers may still
-                # log to the run. It writes the entry itself, or its guardian or a later replay.
-                counts[JOURNALED] += 1
+                counts[WAITING] += 1
                 continue
             uri = tracking_uri or entry.tracking_uri
             if uri in dead:
-                counts[JOURNALED] += 1
+                counts[NOT_SENT] += 1
                 continue
             client = clients.get(uri) or clients.setdefault(uri, MlflowClient(tracking_uri=uri))
             if _resumed_since(client, entry):
@@ -202,9 +245,19 @@ def replay_journal(
                     entry.run_id,
                 )
                 journal.remove(entry)
-                counts[SUPERSEDED] = counts.get(SUPERSEDED, 0) + 1
+                counts[SUPERSEDED] += 1
                 continue
-            result = apply(client, entry, journal=journal, write_ahead=False)
+            # Held while it is written: another replay (a dying program's last gasp, a sweep)
+            # never writes it at the same time, and one that wrote it first removed it.
+            with journal.claim(entry, wait=CLAIM_WAIT) as claim:
+                if claim.state == GONE:
+                    continue
+                if claim.entry is None:
+                    counts[WAITING] += 1  # still held by another replay: it is at it
+                    continue
+                result = apply(
+                    client, claim.entry.written_by(ended_by), journal=journal, write_ahead=False
+                )
             if result == JOURNALED:
                 dead.add(uri)
             counts[result] = counts.get(result, 0) + 1
@@ -219,27 +272,24 @@ def _resumed_since(client: MlflowClient, entry: Entry) -> bool:
     and keeps the entry."""
     from lifeguard.owner import adopted_since
 
-    if entry.pid is None:
+    if entry.pid is None and entry.writer is None:
         return False
     try:
         run = client.get_run(entry.run_id)
     except Exception:  # noqa: BLE001
         return False
-    return adopted_since(run.info.status, dict(run.data.tags), entry.pid, entry.end_time)
+    return adopted_since(
+        run.info.status, dict(run.data.tags), entry.pid, entry.end_time, entry.writer
+    )
 
 
 def _writer_alive(entry: Entry) -> bool:
-    """Whether the process that journaled ``entry`` still runs (a reused pid reads as alive:
-    the entry then waits for a later replay, never the other way round)."""
-    if entry.pid is None or entry.pid == os.getpid():
-        return False
-    try:
-        os.kill(entry.pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    """Whether the process that journaled ``entry`` verifiably still runs (``Entry.writer_alive``):
+    then its entry waits. A writer that cannot be checked from here (another PID namespace or
+    machine; an entry with a bare pid, from before the writer's identity was recorded, which
+    names another process in every other namespace) does not hold its entry back: it is
+    replayed unless its run was adopted since (:func:`_resumed_since`)."""
+    return entry.writer_alive() is True
 
 
 def all_experiment_ids(client: MlflowClient) -> list[str]:
@@ -275,9 +325,13 @@ def iter_running(
                 break
 
 
-def find_running_owned_by(client: MlflowClient, owner: Owner) -> list[str]:
-    """Ids of the RUNNING runs whose owner tags name ``owner``, across all experiments."""
-    runs = iter_running(client, all_experiment_ids(client), f"tags.`{TAG_PID}` = '{owner.pid}'")
+def find_running_owned_by(
+    client: MlflowClient, owner: Owner, experiment_ids: list[str] | None = None
+) -> list[str]:
+    """Ids of the RUNNING runs whose owner tags name ``owner`` (every field: see
+    ``Owner.same_process``), in ``experiment_ids`` (None: all experiments)."""
+    ids = all_experiment_ids(client) if experiment_ids is None else experiment_ids
+    runs = iter_running(client, ids, f"tags.`{TAG_PID}` = '{owner.pid}'")
     found = []
     for run in runs:
         tagged = Owner.from_tags(dict(run.data.tags))

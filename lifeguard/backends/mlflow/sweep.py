@@ -21,6 +21,7 @@ from mlflow.entities import RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from lifeguard._log import logger
 from lifeguard.backends.mlflow.runs import (
     all_experiment_ids,
     environment,
@@ -30,7 +31,7 @@ from lifeguard.journal import Journal
 from lifeguard.names import TAG_ENDED_BY
 from lifeguard.owner import Owner
 from lifeguard.redact import redact, redact_uri
-from lifeguard.sweep import END, Decision, RunFacts, Sightings, decide
+from lifeguard.sweep import END, SKIP, Decision, RunFacts, Sightings, decide
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -99,7 +100,9 @@ def sweep(
         if not dry_run:
             from lifeguard.backends.mlflow.runs import replay_journal
 
-            report.journal = replay_journal(journal, tracking_uri=tracking_uri, budget=timeout)
+            report.journal = replay_journal(
+                journal, tracking_uri=tracking_uri, budget=timeout, ended_by="sweep"
+            )
             report.refused = list(journal.refused)
         try:
             experiment_ids = _experiment_ids(client, experiments)
@@ -131,6 +134,8 @@ def sweep(
             sightings.save(experiment_ids)
         except OSError as exc:
             raise SweepError(redact(f"cannot record what this sweep saw: {exc}")) from None
+        if not dry_run:
+            _leave_journaled(report.decisions, journal)
         to_end = [d for d in report.decisions if d.verdict == END]
         if to_end and not dry_run:
             with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
@@ -143,6 +148,21 @@ def sweep(
                         report.errors[decision.run_id] = error
     report.seconds = time.monotonic() - started
     return report
+
+
+def _leave_journaled(decisions: list[Decision], journal: Journal) -> None:
+    """A run whose true status is still in the journal is not an orphan: the replay above could
+    not write it (its store refused it), or another replay holds it while it writes it (a dying
+    program's last-gasp replayer). Ending it here would write a guessed end time over the truth
+    that lands a moment later."""
+    ending = [d for d in decisions if d.verdict == END]
+    if not ending:
+        return
+    journaled = {entry.run_id for entry in journal.entries()}
+    for decision in ending:
+        if decision.run_id in journaled:
+            decision.verdict = SKIP
+            decision.reason = "its status is journaled, not written yet; a replay writes it"
 
 
 def _quiet_for(sightings: Sightings, facts: RunFacts) -> float:
@@ -189,9 +209,20 @@ def _end(client: MlflowClient, decision: Decision) -> str | None:
         "lifeguard.reason": f"swept: {decision.reason}",
     }
     try:
-        client.log_batch(decision.run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+        # The status first: a sweep cut short between the two writes must not leave a RUNNING
+        # run that already says "swept".
         client.set_terminated(decision.run_id, STATUS, end_time=decision.end_time)
     except Exception as exc:  # noqa: BLE001 - reported per run; the next sweep retries it
         lines = str(exc).strip().splitlines()
         return redact(f"{type(exc).__name__}: {lines[0] if lines else ''}")
+    try:
+        client.log_batch(decision.run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+    except Exception as exc:  # noqa: BLE001 - the status is in; only the reason is missing
+        lines = str(exc).strip().splitlines()
+        logger().warning(
+            "lifeguard: run %s ended %s, but its reason tags could not be written: %s",
+            decision.run_id,
+            STATUS,
+            redact(f"{type(exc).__name__}: {lines[0] if lines else ''}"),
+        )
     return None
