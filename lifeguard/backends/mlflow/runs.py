@@ -206,7 +206,9 @@ def replay_journal(
 ) -> dict[str, int]:
     """Write every journaled status whose server answers. With ``tracking_uri``, only that
     server's entries. A server that fails once is not asked again in this replay. ``ended_by``
-    names the writer in ``lifeguard.ended_by`` (``replay``, or ``sweep`` from a sweep).
+    names the writer in ``lifeguard.ended_by``: ``replay`` wherever the replay runs (``install()``'s
+    replayer, ``lifeguard sweep``), so that a status from the journal, with its true end time,
+    is never mistaken for an orphan the sweep ended on a guess (``sweep``).
 
     Each count is what happened, no more: ``ended``/``already ended``/``superseded`` were
     asked of the server; ``journaled`` is a request the server failed; ``not sent`` an entry

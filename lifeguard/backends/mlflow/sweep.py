@@ -100,9 +100,9 @@ def sweep(
         if not dry_run:
             from lifeguard.backends.mlflow.runs import replay_journal
 
-            report.journal = replay_journal(
-                journal, tracking_uri=tracking_uri, budget=timeout, ended_by="sweep"
-            )
+            # ended_by "replay": the status is the journal's (its true end time), not an
+            # orphan's ending guessed by the sweep ("sweep", below).
+            report.journal = replay_journal(journal, tracking_uri=tracking_uri, budget=timeout)
             report.refused = list(journal.refused)
         try:
             experiment_ids = _experiment_ids(client, experiments)
