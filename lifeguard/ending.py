@@ -7,10 +7,11 @@ event is how the process ends only if nothing carried on after it:
   and the program's top level (the ``__main__`` module's code, or runpy's under ``-m``), and
   with an exception only if it left that top level. A ``KeyboardInterrupt`` or ``SystemExit``
   the program caught, argparse's exit caught in ``main()``, an exit 0 a wrapper swallowed, an
-  error C code printed and survived: after each, a frame ran on and returned, and the program's
-  ending is its own. Which is checked at exit, when every frame is done: a frame's last
-  instruction is a return, or it is not (one that an exception left stops at the call or raise
-  it came through; a ``finally`` or ``with`` that re-raises puts it back there).
+  error C code printed and survived: after each, a frame ran on and returned, and the
+  program's ending is its own. Which is checked at exit, when every frame is done: a frame's
+  last instruction is a return, or it is not (one that an exception left stops at the call or
+  raise it came through). The top level that caught an exit and then ended with a ``raise
+  SystemExit(...)`` of its own (which no hook sees) stops at that raise instead.
 - **An interactive session** shows an error or an interrupt and carries on: none of them is how
   it ends. It ends cleanly (Ctrl-D, ``exit()``, a kernel's shutdown) unless ``exit(n)`` says
   otherwise. IPython, a Jupyter kernel and ``code.interact`` run each cell or statement from
@@ -48,7 +49,7 @@ class Event:
     down to the bottom of the stack; for an exception, the outermost frame it reached (its
     traceback's first)."""
 
-    __slots__ = ("code", "exception", "frames", "signum", "time")
+    __slots__ = ("code", "exception", "frames", "at", "signum", "time")
 
     def __init__(
         self,
@@ -59,6 +60,9 @@ class Event:
         signum: int | None = None,
     ) -> None:
         self.frames = frames
+        # Where each frame stood at the event. The top level that caught an exit and ended by
+        # a `raise SystemExit(main())` of its own (which no hook sees) stands elsewhere then.
+        self.at = [frame.f_lasti for frame in frames]
         self.code = code
         self.exception = exception
         self.signum = signum
@@ -98,6 +102,7 @@ class Event:
                 bottom is not None
                 and at_top_level(bottom)
                 and not any(_returned(frame) for frame in self.frames)
+                and not _raised_anew(bottom, self.at[-1])
             )
         outermost = self.frames[0] if self.frames else None
         if _shown_by_the_repl(outermost):
@@ -164,6 +169,24 @@ def _returned(frame: FrameType) -> bool:
     code = frame.f_code.co_code
     lasti = frame.f_lasti
     return 0 <= lasti < len(code) and code[lasti] in _RETURNS
+
+
+def _raised_anew(frame: FrameType, at: int) -> bool:
+    """Whether a finished frame ended by raising an exception of its own (``raise X(...)``), at
+    another instruction than ``at``, where an exit it caught went through. Only asked of the top
+    level: library frames re-raise what they caught in many ways (a helper function, a context
+    manager's ``__exit__``), and a re-raise with a name (``except SystemExit as e: raise e``)
+    is the one shape this takes for a new exit."""
+    import opcode
+
+    code = frame.f_code.co_code
+    lasti = frame.f_lasti
+    return (
+        lasti != at
+        and 0 <= lasti < len(code) - 1
+        and code[lasti] == opcode.opmap["RAISE_VARARGS"]
+        and code[lasti + 1] >= 1
+    )
 
 
 def _shown_by_the_repl(frame: FrameType | None) -> bool:

@@ -12,6 +12,8 @@ import signal
 import sys
 import time
 
+from lifeguard.redact import redact
+
 __all__ = ["Outcome", "OutcomeKind", "Status", "signal_name"]
 
 # The signals after which a process has crashed rather than been stopped: the run FAILED.
@@ -161,7 +163,8 @@ class Outcome:
             value = int.__int__(code)
             message = None if value == status else f"sys.exit({value})"
         else:
-            message = safe_str(code)[:MAX_REASON_CHARS]
+            # Stored in the run's tags and the journal: no credential it quotes goes with it.
+            message = redact(safe_str(code))[:MAX_REASON_CHARS]
         return cls(OutcomeKind.EXIT, exit_code=status, exit_message=message, time=at)
 
     @classmethod
@@ -176,7 +179,7 @@ class Outcome:
             exit_code=1,
             exception=exc,
             exception_type=_qualified_name(type(exc)),
-            exception_message=safe_str(exc)[:MAX_REASON_CHARS],
+            exception_message=redact(safe_str(exc))[:MAX_REASON_CHARS],
             time=at,
         )
 

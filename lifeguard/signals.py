@@ -720,6 +720,10 @@ class SignalWatch:
             return
         self._parked = True
         chained = sys.getprofile()
+        if not callable(chained):
+            # A C-level profiler (cProfile's) shows as its object, which Python cannot call:
+            # it is suspended for the moments left before the death, not called wrongly.
+            chained = None
 
         def profile(frame: FrameType, event: str, arg: object) -> object:
             if (

@@ -126,6 +126,7 @@ def start(deadline: float) -> tuple[Channel, int] | None:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         os.close(read_fd)
         _lead_own_group()
+        _adopt_orphans()
         return Channel(write_fd, WATCHDOG), 1
     # PID 1, from here on the guardian: never back into the program's code, whatever fails.
     try:
@@ -135,6 +136,28 @@ def start(deadline: float) -> tuple[Channel, int] | None:
     except BaseException:  # noqa: BLE001 - the exec failed: guard from this interpreter
         pass
     os._exit(guard([str(read_fd), str(child), str(deadline)]))
+
+
+def _adopt_orphans() -> None:
+    """As PID 1 the program adopted every orphan of its namespace, and an entrypoint that waits
+    for its background jobs (``os.wait()`` until ChildProcessError) reaped them. A child
+    subreaper adopts its own descendants' orphans: the program's ``os.wait()`` sees what it saw
+    as PID 1. Orphans it leaves at its death go on to PID 1, which reaps them."""
+    import ctypes
+
+    pr_set_child_subreaper = 36  # <linux/prctl.h>
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(pr_set_child_subreaper, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+    except (OSError, AttributeError) as exc:
+        from lifeguard._log import logger
+
+        logger().warning(
+            "lifeguard: watchdog=True in PID 1: the program cannot adopt its orphans (%s): "
+            "os.wait() no longer sees them",
+            exc,
+        )
 
 
 def _lead_own_group(child: int = 0) -> None:
