@@ -307,10 +307,11 @@ def _sweep(args: argparse.Namespace) -> int:
             "(the server failed); they stay in the journal for the next sweep\n"
         )
     if waiting:
-        # Not a failure: those processes are still running here and write their own.
+        # Not a failure: those processes are still running here and write their own, or a
+        # replay (a dying program's last gasp) is writing them right now.
         sys.stderr.write(
             f"lifeguard sweep: {waiting} journaled status(es) left to their writers, "
-            "still running on this host\n"
+            "still running on this host, or to a replay writing them now\n"
         )
     if report.errors:
         sys.stderr.write(

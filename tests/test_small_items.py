@@ -190,10 +190,6 @@ def full_disk(tmp_path: Path) -> Iterator[Path]:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the lead's one-line `Journal.keep`/`after_failed_write` (lifeguard/journal.py)",
-)
 def test_a_full_disk_and_a_dead_server_cost_one_line(
     scenario: Scenario, store: Store, server: MlflowServer, full_disk: Path
 ) -> None:

@@ -419,10 +419,15 @@ def _bounded_flush(fluent: object, budget: float | None) -> None:
         return
     if not batches:
         return
+    import time
+
+    end = None if budget is None else time.monotonic() + budget
     chunks = _chunks(batches)
     sender = _Sender(send, chunks)
     threading.Thread(target=sender.run, name="lifeguard-mlflow-flush", daemon=True).start()
     if sender.wait(budget):
+        if dying:
+            sender = _settle(queue, send, sender, end)
         if sender.failed:
             logger().warning(
                 "lifeguard: MLflow's async logging: %d queued metric, param and tag values "
@@ -448,6 +453,56 @@ def _bounded_flush(fluent: object, budget: float | None) -> None:
         unsent,
         in_flight,
     )
+
+
+def _settle(
+    queue: object, send: Callable[..., object], sender: _Sender, end: float | None
+) -> _Sender:
+    """Dying of a signal, after the backlog is sent: a batch MLflow's own machinery held at the
+    instant it was taken (a worker writing it, the loop thread between taking it from the queue
+    and handing it to a worker) is still on its way, and the process dies right after the
+    status writes. Wait for those (bounded by ``end``), and send what was handed over meanwhile
+    (in the same thread: the flush's time is nearly the status writes' now)."""
+    import time
+
+    in_hand_since: float | None = None
+    while end is None or time.monotonic() < end:
+        busy, in_hand = _mlflows_own_in_flight(queue)
+        if in_hand:
+            # The loop thread hands a batch over within microseconds; one that seems to hold
+            # one for long is waiting on something else (MLflow's buffering).
+            in_hand_since = in_hand_since or time.monotonic()
+            in_hand = time.monotonic() - in_hand_since < IN_HAND
+        if busy or in_hand:
+            time.sleep(0.005)  # a bounded poll: MLflow's pool signals nothing per batch
+            continue
+        more = _take_queued(queue, with_pool=True)
+        if not more:
+            return sender
+        sender = _Sender(send, _chunks(more), failed=sender.failed, error=sender.error)
+        sender.run()
+    return sender
+
+
+# How long the loop thread may seem to hold a batch before _settle stops waiting for it.
+IN_HAND = 0.2
+
+
+def _mlflows_own_in_flight(queue: object) -> tuple[bool, bool]:
+    """(a worker of MLflow's pool is busy or has work waiting, MLflow's loop thread seems to
+    hold a batch: alive, and not waiting on its queue). (False, False) if MLflow's internals
+    moved."""
+    pool = getattr(queue, "_batch_logging_worker_threadpool", None)
+    threads = getattr(pool, "_threads", None)
+    idle = getattr(getattr(pool, "_idle_semaphore", None), "_value", None)
+    work = getattr(pool, "_work_queue", None)
+    if threads is None or not isinstance(idle, int):
+        return False, False
+    busy = len(threads) > idle or (work is not None and not work.empty())
+    loop = getattr(queue, "_batch_logging_thread", None)
+    waiters = getattr(getattr(getattr(queue, "_queue", None), "not_empty", None), "_waiters", None)
+    in_hand = loop is not None and loop.is_alive() and waiters is not None and not waiters
+    return busy, in_hand
 
 
 def _take_queued(queue: object, *, with_pool: bool) -> list[object] | None:
@@ -554,7 +609,9 @@ class _Sender:
     """Sends chunks one after the other in its own thread; ``wait`` gives up when the budget
     is spent or when no chunk has been sent for :data:`FLUSH_STALL`."""
 
-    def __init__(self, send: Callable[..., object], chunks: list[_Chunk]) -> None:
+    def __init__(
+        self, send: Callable[..., object], chunks: list[_Chunk], *, failed: int = 0, error: str = ""
+    ) -> None:
         import threading
 
         self._send = send
@@ -565,8 +622,8 @@ class _Sender:
         self._done = threading.Event()
         self._progress = threading.Event()  # set at every chunk sent
         self.busy = False  # a request is in flight
-        self.failed = 0
-        self.error = ""
+        self.failed = failed
+        self.error = error
 
     def run(self) -> None:
         try:
