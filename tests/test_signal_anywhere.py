@@ -71,9 +71,19 @@ def program(body: str, *, sig: int | None = None) -> list[str]:
 
 
 def run(
-    cmd: list[str], store: Store, install: dict[str, object] | None = None, **kwargs: object
+    cmd: list[str],
+    store: Store,
+    install: dict[str, object] | None = None,
+    *,
+    last_gasp: bool = True,
+    **kwargs: object,
 ) -> ChildResult:
+    """``last_gasp=False``: no replayer is left behind (LIFEGUARD_REPLAY_BOUND=0), for a test
+    that looks at the journal the process left and replays it itself, as the sweep does (the
+    last gasp is tests/test_last_gasp.py's)."""
     env = child_env(store, TEST_INSTALL=json.dumps(install or {}))
+    if not last_gasp:
+        env["LIFEGUARD_REPLAY_BOUND"] = "0"
     return run_child(cmd, env=env, timeout=CHILD_TIMEOUT, **kwargs)  # type: ignore[arg-type]
 
 
@@ -377,6 +387,7 @@ while True:
         install={"deadline": 600.0},
         send=(signal.SIGTERM,),
         on_line={"FINALIZING": signal.SIGTERM},
+        last_gasp=False,
     )
     sent_second = time.time()
     assert result.returncode == -signal.SIGTERM, result.stderr
@@ -428,6 +439,7 @@ mlflow.log_metric("loss", 0.5)
 """
         ),
         store,
+        last_gasp=False,
     )
     assert result.returncode == -signal.SIGTERM, result.stderr
     second = float(

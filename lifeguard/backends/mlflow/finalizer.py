@@ -18,6 +18,7 @@ from lifeguard.backends.mlflow import active
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from types import FrameType
 
     from mlflow.tracking import MlflowClient
 
@@ -489,20 +490,40 @@ IN_HAND = 0.2
 
 
 def _mlflows_own_in_flight(queue: object) -> tuple[bool, bool]:
-    """(a worker of MLflow's pool is busy or has work waiting, MLflow's loop thread seems to
-    hold a batch: alive, and not waiting on its queue). (False, False) if MLflow's internals
-    moved."""
+    """(a worker of MLflow's pool runs a batch or has one waiting, MLflow's loop thread holds a
+    batch it has not handed over), read from what those threads are running now: their pool
+    keeps no count that stays true once batches are taken out of its queue. (False, False) if
+    MLflow's internals moved."""
+    import sys
+
     pool = getattr(queue, "_batch_logging_worker_threadpool", None)
     threads = getattr(pool, "_threads", None)
-    idle = getattr(getattr(pool, "_idle_semaphore", None), "_value", None)
     work = getattr(pool, "_work_queue", None)
-    if threads is None or not isinstance(idle, int):
-        return False, False
-    busy = len(threads) > idle or (work is not None and not work.empty())
     loop = getattr(queue, "_batch_logging_thread", None)
-    waiters = getattr(getattr(getattr(queue, "_queue", None), "not_empty", None), "_waiters", None)
-    in_hand = loop is not None and loop.is_alive() and waiters is not None and not waiters
+    if threads is None or work is None:
+        return False, False
+    frames = sys._current_frames()
+    busy = not work.empty() or any(
+        _running(frames.get(thread.ident or -1), "run", "/futures/thread.py")
+        for thread in list(threads)
+    )
+    in_hand = (
+        loop is not None
+        and _running(frames.get(loop.ident or -1), "_log_run_data", "async_logging_queue.py")
+        and not _running(frames.get(loop.ident or -1), "get", "/queue.py")
+    )
     return busy, in_hand
+
+
+def _running(frame: FrameType | None, name: str, file_end: str) -> bool:
+    """Whether a thread whose innermost frame is ``frame`` is inside function ``name`` of a
+    file whose path ends with ``file_end``."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == name and code.co_filename.endswith(file_end):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _take_queued(queue: object, *, with_pool: bool) -> list[object] | None:
