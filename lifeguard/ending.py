@@ -49,7 +49,7 @@ class Event:
     down to the bottom of the stack; for an exception, the outermost frame it reached (its
     traceback's first)."""
 
-    __slots__ = ("code", "exception", "frames", "at", "signum", "time")
+    __slots__ = ("code", "exception", "frames", "at", "time")
 
     def __init__(
         self,
@@ -57,7 +57,6 @@ class Event:
         *,
         code: object = None,
         exception: BaseException | None = None,
-        signum: int | None = None,
     ) -> None:
         self.frames = frames
         # Where each frame stood at the event. The top level that caught an exit and ended by
@@ -65,20 +64,12 @@ class Event:
         self.at = [frame.f_lasti for frame in frames]
         self.code = code
         self.exception = exception
-        self.signum = signum
         self.time = time.time()
 
     @classmethod
     def of_exit(cls, code: object, caller: FrameType) -> Event:
         """``sys.exit(code)`` called from ``caller``."""
         return cls(stack(caller), code=code)
-
-    @classmethod
-    def of_signal_exit(cls, signum: int, interrupted: FrameType) -> Event:
-        """A handler of the program's for ``signum`` raised SystemExit (Ray's does, a graceful
-        ``sys.exit(143)`` does) into the code the signal ``interrupted``: that signal's ending,
-        if the SystemExit ends the program."""
-        return cls(stack(interrupted), signum=signum)
 
     @classmethod
     def of_exception(cls, exc: BaseException, tb: TracebackType | None) -> Event:
@@ -90,13 +81,11 @@ class Event:
 
         if self.exception is not None:
             return Outcome.raised(self.exception, at=self.time)
-        if self.signum is not None:
-            return Outcome.signalled(self.signum, at=self.time)
         return Outcome.exited(self.code, at=self.time)
 
     def ended_the_program(self) -> bool:
         """At exit: whether this event is how the program ended."""
-        if self.exception is None:  # an exit, by a call or a handler's SystemExit
+        if self.exception is None:  # an exit call
             bottom = self.frames[-1] if self.frames else None
             return (
                 bottom is not None

@@ -127,12 +127,6 @@ class Lifecycle:
         # (an exception's traceback already does this for the excepthook path).
         self.keep_alive = caller
 
-    def note_signal_exit(self, signum: int, interrupted: FrameType | None) -> None:
-        from lifeguard.ending import Event
-
-        if interrupted is not None:
-            self._note(Event.of_signal_exit(signum, interrupted))
-
     def note_exception(self, exc: BaseException, tb: TracebackType | None) -> None:
         if isinstance(exc, SystemExit):
             # Printed, not exited with: the REPL of `python -i` shows the script's SystemExit

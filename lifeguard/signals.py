@@ -70,7 +70,6 @@ if TYPE_CHECKING:
         def finalize(self, outcome: Outcome) -> object: ...
         def wait_finalized(self, timeout: float) -> None: ...
         def die_after_finalizing(self, signum: int) -> None: ...
-        def note_signal_exit(self, signum: int, interrupted: FrameType | None) -> None: ...
 
 else:
     # The C module, not `signal`: that one pulls in enum and functools, ~4 ms, twice install()'s
@@ -690,15 +689,18 @@ class SignalWatch:
         try:
             previous(signum, frame)
         except SystemExit:
-            # The handler ends the program (Ray's raises SystemExit(1); a program's may call
-            # sys.exit(143)): the signal's ending, KILLED, if that SystemExit ends it. The
-            # program may also catch it, save a checkpoint and carry on: decided at exit, as
-            # for any exit (lifeguard.ending). Not finalized here either: the signal may have
-            # come in the middle of a store write, whose lock this thread holds until the
-            # SystemExit unwinds it.
+            # The handler ends the process (Ray's raises SystemExit(1); a program's may call
+            # sys.exit(143)): finalized here, with the signal's outcome, KILLED. Ray's worker
+            # then exits without running atexit (its core worker ends the process), so this
+            # is the last moment the process runs lifeguard's code: deciding at exit, as for
+            # any other exit, left Ray's actor runs to the watchdog (tests/distributed). The
+            # price, documented (docs/limitations.md): a program that catches that SystemExit
+            # and carries on has its runs ended already, and a handler called in the middle
+            # of a sqlite write makes the status wait for that write's lock.
             if active:
-                lifecycle.note_signal_exit(signum, frame)
-                self._on_unwind()
+                from lifeguard.outcome import Outcome
+
+                lifecycle.finalize(Outcome.signalled(signum))
             raise
         except BaseException:
             # KeyboardInterrupt and the like unwind through the program, whose own

@@ -405,6 +405,11 @@ print("carried on", flush=True)
 """
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="a signal handler's SystemExit is finalized where it is raised: Ray's worker "
+    "exits without atexit (tests/distributed/test_ray.py); docs/limitations.md",
+)
 def test_a_systemexit_from_the_programs_own_handler_that_it_catches_is_forgotten(
     store: Store, tmp_path: Path
 ) -> None:
@@ -457,6 +462,12 @@ while True:
 """
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="a signal handler's SystemExit is finalized where it is raised, in the thread "
+    "that holds the write's lock: Ray's worker exits without atexit "
+    "(tests/distributed/test_ray.py); docs/limitations.md",
+)
 def test_a_programs_own_exiting_handler_in_the_middle_of_a_write_does_not_wait_on_its_lock(
     store: Store, tmp_path: Path
 ) -> None:
