@@ -467,14 +467,21 @@ def _settle(
     import time
 
     in_hand_since: float | None = None
+    waiting_since = time.monotonic()
+    was_busy = 0
     while end is None or time.monotonic() < end:
         busy, in_hand = _mlflows_own_in_flight(queue)
+        if busy < was_busy:
+            waiting_since = time.monotonic()  # a batch landed: progress
+        was_busy = busy
         if in_hand:
             # The loop thread hands a batch over within microseconds; one that seems to hold
             # one for long is waiting on something else (MLflow's buffering).
             in_hand_since = in_hand_since or time.monotonic()
             in_hand = time.monotonic() - in_hand_since < IN_HAND
         if busy or in_hand:
+            if time.monotonic() - waiting_since > FLUSH_STALL:
+                return sender  # no batch landed for that long (a dead server): the status first
             time.sleep(0.005)  # a bounded poll: MLflow's pool signals nothing per batch
             continue
         more = _take_queued(queue, with_pool=True)
@@ -482,6 +489,7 @@ def _settle(
             return sender
         sender = _Sender(send, _chunks(more), failed=sender.failed, error=sender.error)
         sender.run()
+        waiting_since = time.monotonic()
     return sender
 
 
@@ -489,10 +497,10 @@ def _settle(
 IN_HAND = 0.2
 
 
-def _mlflows_own_in_flight(queue: object) -> tuple[bool, bool]:
-    """(a worker of MLflow's pool runs a batch or has one waiting, MLflow's loop thread holds a
+def _mlflows_own_in_flight(queue: object) -> tuple[int, bool]:
+    """(how many batches MLflow's pool runs or has waiting, whether MLflow's loop thread holds a
     batch it has not handed over), read from what those threads are running now: their pool
-    keeps no count that stays true once batches are taken out of its queue. (False, False) if
+    keeps no count that stays true once batches are taken out of its queue. (0, False) if
     MLflow's internals moved."""
     import sys
 
@@ -501,9 +509,9 @@ def _mlflows_own_in_flight(queue: object) -> tuple[bool, bool]:
     work = getattr(pool, "_work_queue", None)
     loop = getattr(queue, "_batch_logging_thread", None)
     if threads is None or work is None:
-        return False, False
+        return 0, False
     frames = sys._current_frames()
-    busy = not work.empty() or any(
+    busy = work.qsize() + sum(
         _running(frames.get(thread.ident or -1), "run", "/futures/thread.py")
         for thread in list(threads)
     )
