@@ -89,6 +89,18 @@ def child_env(store: Store, **extra: str) -> dict[str, str]:
     return env
 
 
+def sweep(store: Store) -> None:
+    """``lifeguard sweep`` as a user runs it after the fact: it replays the journal."""
+    done = subprocess.run(
+        [sys.executable, "-m", "lifeguard", "sweep", "--tracking-uri", store.uri],
+        env=child_env(store),
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 def without_and_with(
     program: Path, env: dict[str, str]
 ) -> dict[str, subprocess.CompletedProcess[str]]:

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from lifeguard.demo import ChildError, run_child
-from tests.conftest import CHILD_TIMEOUT, Store, child_env
+from tests.conftest import CHILD_TIMEOUT, Store, child_env, sweep
 
 pytestmark = pytest.mark.slow
 
@@ -42,18 +42,6 @@ def run_id_in(text: str) -> str:
 def write(path: Path, code: str, lifeguard_on: bool) -> Path:
     path.write_text(textwrap.dedent(code).replace("{install}", INSTALL if lifeguard_on else ""))
     return path
-
-
-def sweep(store: Store) -> None:
-    """``lifeguard sweep``, as a user runs it after the fact: it replays the journal."""
-    done = subprocess.run(
-        [sys.executable, "-m", "lifeguard", "sweep", "--tracking-uri", store.uri],
-        env=child_env(store),
-        capture_output=True,
-        text=True,
-        timeout=CHILD_TIMEOUT,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
 
 
 # -- an interactive session started by PYTHONINSPECT -------------------------------------------

@@ -22,7 +22,7 @@ import pytest
 
 from lifeguard.demo import ChildResult, run_child
 from lifeguard.journal import REPLAY_STAMP
-from tests.conftest import CHILD_TIMEOUT, REPO, Store, child_env, without_and_with
+from tests.conftest import CHILD_TIMEOUT, REPO, Store, child_env, sweep, without_and_with
 
 pytestmark = pytest.mark.slow
 
@@ -85,18 +85,6 @@ def run(
     if not last_gasp:
         env["LIFEGUARD_REPLAY_BOUND"] = "0"
     return run_child(cmd, env=env, timeout=CHILD_TIMEOUT, **kwargs)  # type: ignore[arg-type]
-
-
-def sweep(store: Store) -> None:
-    """``lifeguard sweep`` as a user runs it after the fact: it replays the journal."""
-    done = subprocess.run(
-        [sys.executable, "-m", "lifeguard", "sweep", "--tracking-uri", store.uri],
-        env=child_env(store),
-        capture_output=True,
-        text=True,
-        timeout=CHILD_TIMEOUT,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def signalled_at(result: ChildResult) -> float:
