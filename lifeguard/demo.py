@@ -6,8 +6,9 @@ before it sends any signal, so nothing here depends on timing. The test-suite dr
 child programs with the same runner (:func:`run_child`).
 
 The demo itself does not exec a new interpreter per child: each would pay ``import mlflow``
-(~1.5 s of CPU), 36 times. A *zygote* (``python -m lifeguard.demo --zygote FD``) imports mlflow
-once, with no thread, no engine and no lifeguard, and forks each child from that warm state. The
+(~1.5 s of CPU), 36 times. A *zygote* (``python -m lifeguard.demo --zygote FD``, a
+:mod:`lifeguard.forkserver`) imports mlflow once, with no thread, no engine and no lifeguard
+hooks, and forks each child from that warm state. The
 forked child then runs the child program at the top of ``__main__``, exactly as
 ``python -m lifeguard.demo --child PATH`` would: it calls ``install()`` (or not), starts its run,
 meets its exit path and leaves through the interpreter's own exit (its atexit hooks, its
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     from lifeguard.localserver import MlflowServer
 
     class _Process(Protocol):
-        """What :func:`_drive` needs of a child: a Popen, or a child forked by the zygote."""
+        """What :func:`drive` needs of a child: a Popen, or a child forked by the zygote."""
 
         @property
         def pid(self) -> int: ...
@@ -256,14 +257,14 @@ def run_child(
         start_new_session=new_session,
         preexec_fn=_child_preexec(prctl),
     )
-    return _drive(
+    return drive(
         proc, list(cmd), started,
         send=send, close_stdin_after_signals=close_stdin_after_signals, timeout=timeout,
         to_group=to_group, to_ready_pid=to_ready_pid, on_line=on_line, after_ready=after_ready,
     )  # fmt: skip
 
 
-def _drive(
+def drive(
     proc: _Process,
     cmd: object,
     started: float,
@@ -369,214 +370,29 @@ def _preload() -> None:
         pass
 
 
-def zygote_main(sock_fd: int) -> dict[str, object]:
-    """Serve fork requests on ``sock_fd`` until the demo goes away; then exit.
-
-    Returns only in a forked child, with its request: the caller (``__main__``) then runs the
-    child program at the top of the module, so it ends as a fresh ``python -m`` would."""
-    import gc
-    import select
-    import socket
-
-    # Fork requests carry their stdio; the demo learns pid and wait status by request id.
+def _zygote_preload() -> None:
     default_signals()
-    sock = socket.socket(fileno=sock_fd)
-    # Python's advice for a process that forks without exec: no collection while preloading,
-    # then every preloaded object frozen out of the collector's sight. Without it each child's
-    # exit, whose final collection walks (and so copies) the whole inherited heap, cost 0.85 s of
-    # CPU; frozen, the child's own garbage is still collected, and its exit runs as before.
-    gc.disable()
     _preload()
-    gc.freeze()
-    if threading.active_count() != 1:  # a thread would be copied half-way into every child
-        raise RuntimeError(f"the zygote must not run threads: {threading.enumerate()}")
-    prctl = _libc_prctl()
-    me = os.getpid()
-    children: dict[int, tuple[int, int]] = {}  # pidfd -> (request id, pid)
-
-    def reply(**fields: object) -> bool:
-        try:
-            sock.send(json.dumps(fields).encode())
-        except OSError:  # the demo is gone: so are we, quietly
-            return False
-        return True
-
-    try:
-        while True:
-            readable, _, _ = select.select([sock.fileno(), *children], [], [])
-            for fd in readable:
-                if fd == sock.fileno():
-                    continue
-                rid, pid = children.pop(fd)
-                os.close(fd)
-                _, status = os.waitpid(pid, 0)
-                if not reply(id=rid, status=status):
-                    return {}
-            if sock.fileno() not in readable:
-                continue
-            message, fds, _, _ = socket.recv_fds(sock, 1 << 20, 3)
-            if not message:
-                return {}  # the demo is gone (exited or killed): so are we
-            request = json.loads(message)
-            sys.stdout.flush()
-            sys.stderr.flush()
-            pid = os.fork()
-            if pid == 0:
-                gc.enable()
-                sock.close()
-                for fd in children:
-                    os.close(fd)
-                for target, fd in enumerate(fds):
-                    os.dup2(fd, target)
-                    os.close(fd)
-                os.setsid()  # as run_child's new_session: the terminal's signals are not ours
-                # Die with the zygote (single-threaded, so "the thread that forked" is it).
-                prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-                if os.getppid() != me:
-                    os.kill(os.getpid(), signal.SIGKILL)
-                os.environ.clear()
-                os.environ.update(request["env"])
-                sys.argv[:] = request["argv"]
-                return dict(request)
-            for fd in fds:
-                os.close(fd)
-            children[os.pidfd_open(pid)] = (request["id"], pid)
-            if not reply(id=request["id"], pid=pid):
-                return {}
-    finally:
-        if os.getpid() == me:
-            for _, pid in children.values():
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-
-
-class ForkedChild:
-    """A child forked by the zygote, seen from the demo: the parts of Popen that _drive uses."""
-
-    def __init__(self, zygote: Zygote, rid: int) -> None:
-        self.zygote = zygote
-        self.rid = rid
-        self.pid = 0
-        self.returncode: int | None = None
-        self.started = threading.Event()
-        self.exited = threading.Event()
-        self.stdin: IO[str] | None = None
-        self.stdout: IO[str] | None = None
-        self.stderr: IO[str] | None = None
-
-    def poll(self) -> int | None:
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        if not self.exited.wait(timeout):
-            raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
-        if self.returncode is None:
-            raise ChildError("the zygote died before its child exited")
-        return self.returncode
-
-    def send_signal(self, sig: int) -> None:
-        if not self.exited.is_set():  # not reaped yet, so the pid is still this child's
-            os.kill(self.pid, sig)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
 
 
 class Zygote:
-    """The demo's side of the zygote: start it, ask it for children."""
+    """The demo's fork server (:mod:`lifeguard.forkserver`), preloaded by :func:`_preload`: its
+    children run ``python -m lifeguard.demo ARGV``."""
 
     def __init__(self, env: Mapping[str, str]) -> None:
-        import socket
+        from lifeguard.forkserver import ForkServer
 
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.sock = ours
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "lifeguard.demo", "--zygote", str(theirs.fileno())],
-            pass_fds=(theirs.fileno(),),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            env=dict(env),
-            start_new_session=True,
-        )
-        theirs.close()
-        self.lock = threading.Lock()
-        self.children: dict[int, ForkedChild] = {}
-        self.next_id = 0
-        threading.Thread(target=self._listen, daemon=True).start()
-
-    def _listen(self) -> None:
-        while True:
-            try:
-                message = self.sock.recv(1 << 16)
-            except OSError:
-                message = b""
-            if not message:
-                break
-            answer = json.loads(message)
-            with self.lock:
-                child = self.children[answer["id"]]
-            if "pid" in answer:
-                child.pid = answer["pid"]
-                child.started.set()
-            else:
-                child.returncode = os.waitstatus_to_exitcode(answer["status"])
-                with self.lock:
-                    del self.children[answer["id"]]
-                child.exited.set()
-        with self.lock:  # the zygote is gone, and with it (PR_SET_PDEATHSIG) its children
-            lost, self.children = list(self.children.values()), {}
-        for child in lost:
-            child.started.set()
-            child.exited.set()
-
-    def spawn(self, argv: Sequence[str], env: Mapping[str, str], timeout: float) -> ForkedChild:
-        """Fork a child that runs ``python -m lifeguard.demo`` with ``argv`` (``--child PATH
-        [--with-lifeguard]``, or a task) in ``env``, on three new pipes."""
-        import socket
-
-        pipes = [os.pipe() for _ in range(3)]  # stdin, stdout, stderr; close-on-exec here
-        theirs = [pipes[0][0], pipes[1][1], pipes[2][1]]
-        with self.lock:
-            self.next_id += 1
-            child = ForkedChild(self, self.next_id)
-            self.children[child.rid] = child
-            request = {"id": child.rid, "argv": [__file__, *argv], "env": dict(env)}
-            try:
-                socket.send_fds(self.sock, [json.dumps(request).encode()], theirs)
-            finally:
-                for fd in theirs:
-                    os.close(fd)
-        child.stdin = open(pipes[0][1], "w")  # noqa: SIM115 - closed by _drive and at exit
-        child.stdout = open(pipes[1][0])  # noqa: SIM115
-        child.stderr = open(pipes[2][0])  # noqa: SIM115
-        if not child.started.wait(timeout) or not child.pid:
-            raise ChildError(f"the zygote forked no child within {timeout}s for {argv}")
-        return child
+        self.server = ForkServer([sys.executable, "-m", "lifeguard.demo", "--zygote"], env)
 
     def run(self, argv: Sequence[str], env: Mapping[str, str], **kwargs: object) -> ChildResult:
         """:func:`run_child`, for a forked child."""
         started = time.monotonic()
         timeout = float(kwargs.get("timeout", 60.0))  # type: ignore[arg-type]
-        child = self.spawn(argv, env, timeout)
-        return _drive(child, argv, started, **kwargs)  # type: ignore[arg-type]
+        child = self.server.spawn([__file__, *argv], env, timeout)
+        return drive(child, argv, started, **kwargs)  # type: ignore[arg-type]
 
     def close(self) -> None:
-        import socket
-
-        # shutdown, not only close: our listener thread is blocked in recv on this socket, and
-        # a close under a blocked recv neither wakes it nor lets the zygote see EOF.
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()  # EOF: the zygote kills what is left of its children and exits
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        self.server.close()
 
 
 # -- the child side --------------------------------------------------------------------------
@@ -910,7 +726,9 @@ if __name__ == "__main__":
     elif len(sys.argv) == 4 and sys.argv[1] == "--task":
         task_main(sys.argv[2], sys.argv[3])
     elif len(sys.argv) == 3 and sys.argv[1] == "--zygote":
-        request = zygote_main(int(sys.argv[2]))
+        from lifeguard.forkserver import serve
+
+        request = serve(int(sys.argv[2]), _zygote_preload)
         if not request:
             raise SystemExit(0)
         # A forked child: from here on, just as ``python -m lifeguard.demo --child PATH``.

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from lifeguard.demo import ChildResult, run_child
+from lifeguard.demo import ChildResult, drive, run_child
 from lifeguard.demo import wait_gone as demo_wait_gone
+from lifeguard.forkserver import ForkServer
 from lifeguard.localserver import MlflowServer
 
 CHILDREN = Path(__file__).parent / "children"
@@ -21,6 +22,8 @@ REPO = Path(__file__).parent.parent
 # One child import of mlflow costs ~1.5 s of CPU; on a loaded 2-core machine a child can take
 # many times that. This bounds each wait, not the expected duration.
 CHILD_TIMEOUT = 90.0
+# The environment pytest started with, before any test's monkeypatch: the warm interpreter's.
+_STARTING_ENVIRON = dict(os.environ)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -78,12 +81,19 @@ def store(tmp_path: Path, template_db: Path) -> Store:
     return Store(path)
 
 
+def _base_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """What every child program's environment has in common: child_env() without a store."""
+    environ = dict(os.environ) if environ is None else environ
+    env = {k: v for k, v in environ.items() if not k.startswith(("LIFEGUARD_", "MLFLOW_"))}
+    env["PYTHONWARNINGS"] = "ignore"
+    return env
+
+
 def child_env(store: Store, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LIFEGUARD_", "MLFLOW_"))}
+    env = _base_env()
     env.update(
         MLFLOW_TRACKING_URI=store.uri,
         LIFEGUARD_JOURNAL_DIR=str(store.path.parent / "journal"),
-        PYTHONWARNINGS="ignore",
     )
     env.update(extra)
     return env
@@ -130,12 +140,68 @@ def _private_journal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LIFEGUARD_JOURNAL_DIR", str(tmp_path / "journal"))
 
 
+# What a forked child may have that its warm interpreter had not: variables read only once the
+# program runs (by lifeguard, by MLflow's fluent API, by the child programs themselves). Any other
+# difference (PYTHONPATH, HOME, an MLFLOW_ setting read as mlflow is imported) needs a cold start.
+_READ_LATE = ("LIFEGUARD_", "TEST_", "RESUME_", "PYTEST_")
+_READ_LATE_NAMES = frozenset(
+    {"MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_TOKEN", "MLFLOW_RUN_ID", "MLFLOW_RUN_ID_EXPECTED"}
+)
+
+
+class WarmInterpreter:
+    """One fork server per pytest worker (tests/zygote.py), started on first use: the child
+    programs that need no cold start are forked from it, each saving the ~4 s of CPU that
+    ``import mlflow`` and a store's first query cost (the suite's largest cost by far). Set
+    LIFEGUARD_TEST_COLD=1 to exec every child instead."""
+
+    def __init__(self) -> None:
+        self.server: ForkServer | None = None
+        self.env = _base_env(_STARTING_ENVIRON)
+        self.cold = os.environ.get("LIFEGUARD_TEST_COLD") == "1"
+
+    def takes(self, env: dict[str, str]) -> bool:
+        if self.cold:
+            return False
+        for key in self.env.keys() | env.keys():
+            if self.env.get(key) != env.get(key):
+                if not (key.startswith(_READ_LATE) or key in _READ_LATE_NAMES):
+                    return False
+        return True
+
+    def run(self, cmd: list[str], env: dict[str, str], **kwargs: object) -> ChildResult:
+        """:func:`run_child` for ``[sys.executable, PROGRAM, *ARGS]``, forked."""
+        import time
+
+        assert cmd[0] == sys.executable and cmd[1].endswith(".py"), cmd
+        if self.server is None:
+            self.server = ForkServer([sys.executable, str(Path(__file__).parent / "zygote.py")], self.env)
+        started = time.monotonic()
+        timeout = float(kwargs.get("timeout", CHILD_TIMEOUT))  # type: ignore[arg-type]
+        cwd = kwargs.pop("cwd", None)
+        kwargs.pop("die_with_parent", None)  # it dies with the server, which dies with us
+        child = self.server.spawn(cmd[1:], env, timeout, cwd=cwd)  # type: ignore[arg-type]
+        return drive(child, cmd, started, **kwargs)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+
+@pytest.fixture(scope="session")
+def warm() -> Iterator[WarmInterpreter]:
+    interpreter = WarmInterpreter()
+    yield interpreter
+    interpreter.close()
+
+
 class Scenario:
     """Runs tests/children/program.py and collects what a test asserts on."""
 
-    def __init__(self, store: Store, tmp_path: Path) -> None:
+    def __init__(self, store: Store, tmp_path: Path, warm: WarmInterpreter) -> None:
         self.store = store
         self.record = tmp_path / "finalizer-calls.txt"
+        self.warm = warm
 
     def run(
         self,
@@ -146,12 +212,23 @@ class Scenario:
         **kwargs: object,
     ) -> ChildResult:
         """``launcher`` goes before the program, e.g. ``("-m", "lifeguard", "run", "--",
-        sys.executable)`` to run it under the supervisor."""
+        sys.executable)`` to run it under the supervisor. The program is forked from the warm
+        interpreter unless it must start cold: under a launcher, with mlflow imported after
+        install() (the import order is what such a test is about: the warm one has imported
+        it), or with an environment the warm interpreter did not start with."""
         program = [str(CHILDREN / "program.py"), "--record", str(self.record), *args]
         cmd = [sys.executable, *launcher, *program] if launcher else [sys.executable, *program]
+        env = env or child_env(self.store)
+        if (
+            not launcher
+            and "after" not in args
+            and kwargs.get("new_session", True)
+            and self.warm.takes(env)
+        ):
+            return self.warm.run(cmd, env, send=send, timeout=CHILD_TIMEOUT, **kwargs)
         return run_child(
             cmd,
-            env=env or child_env(self.store),
+            env=env,
             send=send,
             timeout=CHILD_TIMEOUT,
             **kwargs,  # type: ignore[arg-type]
@@ -166,5 +243,5 @@ class Scenario:
 
 
 @pytest.fixture
-def scenario(store: Store, tmp_path: Path) -> Scenario:
-    return Scenario(store, tmp_path)
+def scenario(store: Store, tmp_path: Path, warm: WarmInterpreter) -> Scenario:
+    return Scenario(store, tmp_path, warm)

@@ -1,0 +1,50 @@
+"""The tests' warm interpreter: ``python tests/zygote.py FD`` is a :mod:`lifeguard.forkserver`
+that has imported what the child programs import (mlflow, its sqlite store, psutil), and runs
+each forked child's program as ``python PROGRAM ARGS`` would: at the top of ``__main__``, the
+bottom frame of the stack, where ``sys.exit`` and an uncaught exception end the program and
+lifeguard's hooks look for them. conftest.py decides which children may be forked (see
+``Scenario.run``); a child program that must start cold (the import order under test, an
+interpreter flag, a PYTHON* variable of its own) is exec'd as before.
+"""
+
+import sys
+
+from lifeguard import demo, forkserver
+
+
+def _preload() -> None:
+    demo.default_signals()  # a fresh interpreter's dispositions, whatever pytest's worker has
+    demo._preload()
+
+
+def _become(request: dict[str, object]) -> tuple[object, dict[str, object]]:
+    """This module's namespace, emptied and made the program's, and the program's code: what
+    ``python PROGRAM`` gives the program's top level."""
+    import builtins
+    import importlib.machinery
+    import os
+
+    path = str(sys.argv[0])
+    with open(path, "rb") as f:
+        code = compile(f.read(), path, "exec", dont_inherit=True)
+    sys.path[0] = os.path.dirname(os.path.realpath(path))
+    namespace = globals()
+    namespace.clear()
+    namespace.update(
+        __name__="__main__",
+        __doc__=None,
+        __file__=path,
+        __builtins__=builtins,
+        __loader__=importlib.machinery.SourceFileLoader("__main__", path),
+        __spec__=None,
+        __package__=None,
+        __cached__=None,
+    )
+    return code, namespace
+
+
+request = forkserver.serve(int(sys.argv[1]), _preload)
+if not request:
+    raise SystemExit(0)
+# A forked child. One statement: `exec` and `_become` are looked up before the namespace empties.
+exec(*_become(request))  # noqa: S102
