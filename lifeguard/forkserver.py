@@ -98,7 +98,8 @@ def serve(sock_fd: int, preload: Callable[[], None]) -> dict[str, object]:
                 for target, fd in enumerate(fds):
                     os.dup2(fd, target)
                     os.close(fd)
-                os.setsid()  # as a Popen with start_new_session: the terminal's signals are not ours
+                # As a Popen with start_new_session: the terminal's signals are not ours.
+                os.setsid()
                 # Die with the server (single-threaded, so "the thread that forked" is it).
                 prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
                 if os.getppid() != me:

@@ -163,11 +163,12 @@ class WarmInterpreter:
     def takes(self, env: dict[str, str]) -> bool:
         if self.cold:
             return False
-        for key in self.env.keys() | env.keys():
-            if self.env.get(key) != env.get(key):
-                if not (key.startswith(_READ_LATE) or key in _READ_LATE_NAMES):
-                    return False
-        return True
+        return all(
+            self.env.get(key) == env.get(key)
+            or key.startswith(_READ_LATE)
+            or key in _READ_LATE_NAMES
+            for key in self.env.keys() | env.keys()
+        )
 
     def run(self, cmd: list[str], env: dict[str, str], **kwargs: object) -> ChildResult:
         """:func:`run_child` for ``[sys.executable, PROGRAM, *ARGS]``, forked."""
@@ -175,7 +176,8 @@ class WarmInterpreter:
 
         assert cmd[0] == sys.executable and cmd[1].endswith(".py"), cmd
         if self.server is None:
-            self.server = ForkServer([sys.executable, str(Path(__file__).parent / "zygote.py")], self.env)
+            zygote = str(Path(__file__).parent / "zygote.py")
+            self.server = ForkServer([sys.executable, zygote], self.env)
         started = time.monotonic()
         timeout = float(kwargs.get("timeout", CHILD_TIMEOUT))  # type: ignore[arg-type]
         cwd = kwargs.pop("cwd", None)

@@ -47,4 +47,4 @@ request = forkserver.serve(int(sys.argv[1]), _preload)
 if not request:
     raise SystemExit(0)
 # A forked child. One statement: `exec` and `_become` are looked up before the namespace empties.
-exec(*_become(request))  # noqa: S102
+exec(*_become(request))
