@@ -20,7 +20,6 @@ def _preload() -> None:
 def _become(request: dict[str, object]) -> tuple[object, dict[str, object]]:
     """This module's namespace, emptied and made the program's, and the program's code: what
     ``python PROGRAM`` gives the program's top level."""
-    import builtins
     import importlib.machinery
     import os
 
@@ -29,17 +28,19 @@ def _become(request: dict[str, object]) -> tuple[object, dict[str, object]]:
         code = compile(f.read(), path, "exec", dont_inherit=True)
     sys.path[0] = os.path.dirname(os.path.realpath(path))
     namespace = globals()
-    namespace.clear()
-    namespace.update(
-        __name__="__main__",
+    # The dunders the interpreter gave this script are the ones it gives any script; the
+    # program's own __file__ and loader replace ours, and its docstring (if any) is set by
+    # its code.
+    fresh = {key: value for key, value in namespace.items() if key.startswith("__")}
+    fresh.update(
         __doc__=None,
         __file__=path,
-        __builtins__=builtins,
         __loader__=importlib.machinery.SourceFileLoader("__main__", path),
-        __spec__=None,
-        __package__=None,
-        __cached__=None,
     )
+    if "__annotations__" in fresh:
+        fresh["__annotations__"] = {}
+    namespace.clear()
+    namespace.update(fresh)
     return code, namespace
 
 

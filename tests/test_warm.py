@@ -1,0 +1,106 @@
+"""The warm interpreter (tests/zygote.py) tells what a cold one would.
+
+Most exit-path tests fork their child program from a warm interpreter (conftest.WarmInterpreter).
+These run the same programs both ways, side by side, and compare what the tests look at: the
+exit status, the status and reason in the store, which finalizers ran and how often, stdout's
+ready line and stderr. stderr differs by one frame, by design: a forked child's program runs
+under tests/zygote.py's top level, so a traceback shows that frame first.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import pytest
+
+from lifeguard import demo
+from tests.conftest import CHILD_TIMEOUT, CHILDREN, Scenario, Store, WarmInterpreter, child_env
+
+PROGRAM = str(CHILDREN / "program.py")
+# The frame tests/zygote.py adds to a forked child's traceback: its line, and the source line.
+ZYGOTE_FRAME = re.compile(r'  File "[^"]*zygote\.py", line \d+, in <module>\n    exec\(.*\n')
+
+
+def both(
+    scenario: Scenario, store: Store, warm: WarmInterpreter, *args: str, send: tuple[int, ...] = ()
+) -> tuple[demo.ChildResult, demo.ChildResult]:
+    cmd = [sys.executable, PROGRAM, "--record", str(scenario.record), *args]
+    env = child_env(store)
+    assert warm.takes(env)
+    cold = demo.run_child(cmd, env=env, send=send, timeout=CHILD_TIMEOUT)
+    forked = warm.run(cmd, env, send=send, timeout=CHILD_TIMEOUT)
+    return cold, forked
+
+
+@pytest.mark.parametrize(
+    "path", ["return", "sys.exit(3)", 'sys.exit("msg")', "exception", "KeyboardInterrupt",
+             "SIGINT", "SIGTERM", "SIGHUP under nohup"],
+)  # fmt: skip
+@pytest.mark.parametrize("order", ["before", "none"])
+def test_a_forked_child_ends_as_an_execd_one(
+    scenario: Scenario, store: Store, warm: WarmInterpreter, path: str, order: str
+) -> None:
+    sig = demo.PATHS[path][1]
+    cold, forked = both(
+        scenario, store, warm, "--path", path, "--order", order,
+        send=() if sig is None else (sig,),
+    )  # fmt: skip
+    assert forked.returncode == cold.returncode, (cold, forked)
+    if sig is None:
+        assert ZYGOTE_FRAME.sub("", forked.stderr) == cold.stderr
+    else:  # where the signal finds the program (still in the ready line's write, or past it)
+        assert forked.stderr.strip().splitlines()[-1:] == cold.stderr.strip().splitlines()[-1:]
+    assert forked.ready["pid"] != cold.ready["pid"]
+    for result in (cold, forked):
+        [run_id] = result.ready["run_ids"]  # type: ignore[misc]
+        result.ready["status"] = store.status(run_id)
+        result.ready["tags"] = {
+            k: v for k, v in store.run(run_id).data.tags.items()
+            if k in ("lifeguard.reason", "lifeguard.outcome", "lifeguard.signal")
+        }  # fmt: skip
+    assert forked.ready["status"] == cold.ready["status"]
+    assert forked.ready["tags"] == cold.ready["tags"]
+    calls = scenario.calls()
+    assert sorted(status for _, status in calls) == sorted(
+        [] if order == "none" else [str(cold.ready["status"])] * 2
+    )
+    assert {pid for pid, _ in calls} == (
+        set() if order == "none" else {cold.ready["pid"], forked.ready["pid"]}
+    )
+
+
+def test_a_program_that_needs_a_cold_start_gets_one(store: Store, warm: WarmInterpreter) -> None:
+    """What is read at interpreter start or as mlflow is imported sends the child to exec."""
+    assert warm.takes(child_env(store))
+    assert warm.takes(child_env(store, LIFEGUARD_DEADLINE="3", MLFLOW_RUN_ID="x"))
+    assert not warm.takes(child_env(store, PYTHONPATH="/elsewhere"))
+    assert not warm.takes(child_env(store, HOME="/elsewhere"))
+    assert not warm.takes(child_env(store, MLFLOW_CONFIGURE_LOGGING="false"))
+
+
+def test_a_forked_child_sees_its_own_argv_path_and_main(
+    store: Store, warm: WarmInterpreter, tmp_path: object
+) -> None:
+    """``python PROGRAM`` gives the program its argv, sys.path[0], __file__ and a __main__ whose
+    namespace holds nothing of the zygote's."""
+    from pathlib import Path
+
+    program = Path(str(tmp_path)) / "probe.py"
+    program.write_text(
+        "import os, signal, sys\n"
+        "from lifeguard import demo\n"
+        "main = sys.modules['__main__']\n"
+        "demo.announce(argv=sys.argv, path0=sys.path[0], file=__file__,\n"
+        "              same=main.__dict__ is globals(), names=sorted(globals()),\n"
+        "              sigint=str(signal.getsignal(2)), cwd=os.getcwd())\n"
+    )
+    env = child_env(store)
+    forked = warm.run([sys.executable, str(program), "a", "b"], env, timeout=CHILD_TIMEOUT,
+                      cwd=str(tmp_path))  # fmt: skip
+    cold = demo.run_child([sys.executable, str(program), "a", "b"], env=env, timeout=CHILD_TIMEOUT,
+                          cwd=str(tmp_path))  # fmt: skip
+    assert forked.returncode == cold.returncode == 0, (cold, forked)
+    assert forked.ready == cold.ready
+    assert forked.ready["argv"] == [str(program), "a", "b"]
+    assert forked.ready["same"] is True
