@@ -22,6 +22,17 @@ REPO = Path(__file__).parent.parent
 # One child import of mlflow costs ~1.5 s of CPU; on a loaded 2-core machine a child can take
 # many times that. This bounds each wait, not the expected duration.
 CHILD_TIMEOUT = 90.0
+# The randomized and repeated tests (the stress run, the import beside a replay, asyncio's
+# Ctrl-C) run their full count of trials where LIFEGUARD_TEST_FULL=1 (CI: .ci/run sets it) and
+# fewer in a contributor's `tox`, each trial a real one: their point is the rare race, which the
+# full count is for, and they are most of the suite's time.
+FULL_TRIALS = os.environ.get("LIFEGUARD_TEST_FULL") == "1"
+
+
+def trials(full: int, quick: int) -> int:
+    return full if FULL_TRIALS else quick
+
+
 # The environment pytest started with, before any test's monkeypatch: the warm interpreter's.
 _STARTING_ENVIRON = dict(os.environ)
 

@@ -1,6 +1,7 @@
 """A signal at any instant (issue 11): a small, fixed-seed run of scripts/stress.py.
 
-36 randomized trials: 28 on sqlite stores (watchdog off and on) and 8 on a real `mlflow server`,
+36 randomized trials (12 in a contributor's `tox`: conftest.trials): 28 (8) on sqlite stores
+(watchdog off and on) and 8 (4) on a real `mlflow server`,
 each a real child looping over an MLflow workload, signalled (SIGTERM, SIGINT, SIGHUP, or SIGTERM
 twice) at a random instant. Every trial must be right: death by the signal, a prompt exit, every
 open run KILLED with an end time between the signal and the exit (from the journal, after a
@@ -18,6 +19,7 @@ from types import ModuleType
 
 import pytest
 
+from tests.conftest import trials as n_trials
 from tests.servers import MlflowServer
 
 pytestmark = pytest.mark.slow
@@ -48,8 +50,8 @@ def server(mlflow_server: MlflowServer) -> MlflowServer:
 @pytest.mark.timeout(1200)
 def test_a_signal_at_any_instant(tmp_path: Path, server: MlflowServer) -> None:
     stress = load_stress()
-    trials = stress.plan(28, SEED, ("sqlite",), (False, True)) + stress.plan(
-        8, SEED + 1, ("server",), (False, True)
+    trials = stress.plan(n_trials(28, 8), SEED, ("sqlite",), (False, True)) + stress.plan(
+        n_trials(8, 4), SEED + 1, ("server",), (False, True)
     )
     results = stress.run_trials(trials, jobs=2, root=tmp_path, server_uri=server.uri)
     out = io.StringIO()
