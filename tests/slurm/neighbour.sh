@@ -90,6 +90,11 @@ sinfo -h -N -o '%T' | grep -qE '^(idle|mixed)' || { log "the neighbour's node di
 # One job running and one waiting behind it (two CPUs each on a two-CPU node).
 sbatch --quiet -J neighbour-running -c 2 --wrap 'sleep 100000' >/dev/null
 sbatch --quiet -J neighbour-pending -c 2 --wrap 'sleep 100000' >/dev/null
+for _ in $(seq 300); do
+    [ "$(squeue -h -n neighbour-running -o '%T')" = RUNNING ] && break
+    sleep 0.2
+done
+[ "$(squeue -h -n neighbour-running -o '%T')" = RUNNING ] || { log "the neighbour's job did not start"; exit 1; }
 
 snapshot() {
     {
