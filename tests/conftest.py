@@ -95,7 +95,10 @@ def store(tmp_path: Path, template_db: Path) -> Store:
 def _base_env(environ: dict[str, str] | None = None) -> dict[str, str]:
     """What every child program's environment has in common: child_env() without a store."""
     environ = dict(os.environ) if environ is None else environ
-    env = {k: v for k, v in environ.items() if not k.startswith(("LIFEGUARD_", "MLFLOW_"))}
+    # MLflow's own variables stay with this process: the tracking URI the tests set, and the
+    # telemetry session id (_MLFLOW_TELEMETRY_SESSION_ID) MLflow puts in os.environ once used.
+    prefixes = ("LIFEGUARD_", "MLFLOW_", "_MLFLOW_")
+    env = {k: v for k, v in environ.items() if not k.startswith(prefixes)}
     env["PYTHONWARNINGS"] = "ignore"
     return env
 
