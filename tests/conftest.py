@@ -172,6 +172,10 @@ class WarmInterpreter:
     def __init__(self) -> None:
         self.server: ForkServer | None = None
         self.env = _base_env(_STARTING_ENVIRON)
+        # Every child starts with PYTEST_CURRENT_TEST in its environment (child_env copies it
+        # from a running test), and MLflow reads its presence as it is imported (its telemetry
+        # stays off under pytest, and in CI). The warm interpreter imports mlflow as they do.
+        self.env["PYTEST_CURRENT_TEST"] = "tests/zygote.py (the warm interpreter)"
         self.cold = os.environ.get("LIFEGUARD_TEST_COLD") == "1"
 
     def takes(self, env: dict[str, str]) -> bool:

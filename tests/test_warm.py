@@ -71,7 +71,9 @@ def test_a_forked_child_ends_as_an_execd_one(
 
 
 def test_a_program_that_needs_a_cold_start_gets_one(store: Store, warm: WarmInterpreter) -> None:
-    """What is read at interpreter start or as mlflow is imported sends the child to exec."""
+    """What is read at interpreter start or as mlflow is imported sends the child to exec; what
+    this process's own use of mlflow leaves in its environment does not."""
+    store.client.search_experiments()  # MLflow may note a telemetry session in os.environ
     assert warm.takes(child_env(store))
     assert warm.takes(child_env(store, LIFEGUARD_DEADLINE="3", MLFLOW_RUN_ID="x"))
     assert not warm.takes(child_env(store, PYTHONPATH="/elsewhere"))
@@ -104,3 +106,25 @@ def test_a_forked_child_sees_its_own_argv_path_and_main(
     assert forked.ready == cold.ready
     assert forked.ready["argv"] == [str(program), "a", "b"]
     assert forked.ready["same"] is True
+
+
+def test_a_forked_child_has_mlflow_as_an_execd_one_imports_it(
+    store: Store, warm: WarmInterpreter, tmp_path: object
+) -> None:
+    """What mlflow decides as it is imported, from the environment, is the same in both: its
+    telemetry (off under pytest) and its tracking URI."""
+    from pathlib import Path
+
+    program = Path(str(tmp_path)) / "telemetry.py"
+    program.write_text(
+        "import mlflow\n"
+        "from mlflow.telemetry.client import get_telemetry_client\n"
+        "from lifeguard import demo\n"
+        "demo.announce(telemetry=get_telemetry_client() is not None,\n"
+        "              uri=mlflow.get_tracking_uri())\n"
+    )
+    env = child_env(store)
+    cmd = [sys.executable, str(program)]
+    forked = warm.run(cmd, env, timeout=CHILD_TIMEOUT)
+    cold = demo.run_child(cmd, env=env, timeout=CHILD_TIMEOUT)
+    assert forked.ready == cold.ready == {"telemetry": False, "uri": store.uri}

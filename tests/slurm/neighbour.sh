@@ -88,8 +88,8 @@ for _ in $(seq 600); do
 done
 sinfo -h -N -o '%T' | grep -qE '^(idle|mixed)' || { log "the neighbour's node did not come up"; exit 1; }
 # One job running and one waiting behind it (two CPUs each on a two-CPU node).
-sbatch --quiet -J neighbour-running -c 2 --wrap 'sleep 100000' >/dev/null
-sbatch --quiet -J neighbour-pending -c 2 --wrap 'sleep 100000' >/dev/null
+sbatch --quiet -o /dev/null -J neighbour-running -c 2 --wrap 'sleep 100000' >/dev/null
+sbatch --quiet -o /dev/null -J neighbour-pending -c 2 --wrap 'sleep 100000' >/dev/null
 for _ in $(seq 300); do
     [ "$(squeue -h -n neighbour-running -o '%T')" = RUNNING ] && break
     sleep 0.2
