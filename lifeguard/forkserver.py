@@ -130,6 +130,10 @@ class ForkedChild:
     def __init__(self, rid: int) -> None:
         self.rid = rid
         self.pid = 0
+        # Opened as soon as the pid is known: the server reaps the child the moment it exits,
+        # and a signal sent by pid after that could reach whatever process reuses the number.
+        self.pidfd: int | None = None
+        self.pidfd_lock = threading.Lock()  # closed by the listener, used by signallers
         self.returncode: int | None = None
         self.started = threading.Event()
         self.exited = threading.Event()
@@ -148,8 +152,14 @@ class ForkedChild:
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
-        if not self.exited.is_set():  # not reaped yet, so the pid is still this child's
-            os.kill(self.pid, sig)
+        """As Popen's: nothing once the child is gone."""
+        with self.pidfd_lock:
+            if self.pidfd is None:
+                return
+            try:
+                signal.pidfd_send_signal(self.pidfd, sig)
+            except ProcessLookupError:  # exited, not reported yet
+                pass
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
@@ -159,25 +169,42 @@ class ForkServer:
     """The parent's side: start the server (``cmd`` plus the socket's fd number), ask it for
     children."""
 
-    def __init__(self, cmd: Sequence[str], env: Mapping[str, str]) -> None:
+    def __init__(self, cmd: Sequence[str], env: Mapping[str, str], cwd: str | None = None) -> None:
         import socket
 
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.sock = ours
         self.env = dict(env)
+        # Pipes on all three: the server's sys.stdin, sys.stdout and sys.stderr are built for
+        # them at its start, and every child inherits those objects with its own pipes dup2'd
+        # under them. Built on /dev/null or a file they would say seekable(), unlike a program
+        # started on pipes. What the server itself writes is passed on to our stderr.
         self.proc = subprocess.Popen(
             [*cmd, str(theirs.fileno())],
             pass_fds=(theirs.fileno(),),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
             env=self.env,
+            cwd=cwd,
             start_new_session=True,
         )
         theirs.close()
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()  # the server reads nothing: EOF
+        threading.Thread(target=self._pass_on, daemon=True).start()
         self.lock = threading.Lock()
         self.children: dict[int, ForkedChild] = {}
         self.next_id = 0
         threading.Thread(target=self._listen, daemon=True).start()
+
+    def _pass_on(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            try:
+                os.write(2, line)
+            except OSError:
+                pass
 
     def _listen(self) -> None:
         while True:
@@ -192,15 +219,27 @@ class ForkServer:
                 child = self.children[answer["id"]]
             if "pid" in answer:
                 child.pid = answer["pid"]
+                try:
+                    child.pidfd = os.pidfd_open(child.pid)
+                except ProcessLookupError:  # exited and reaped already: nothing to signal
+                    pass
                 child.started.set()
             else:
                 child.returncode = os.waitstatus_to_exitcode(answer["status"])
                 with self.lock:
                     del self.children[answer["id"]]
+                with child.pidfd_lock:
+                    if child.pidfd is not None:
+                        os.close(child.pidfd)
+                        child.pidfd = None
                 child.exited.set()
         with self.lock:  # the server is gone, and with it (PR_SET_PDEATHSIG) its children
             lost, self.children = list(self.children.values()), {}
         for child in lost:
+            with child.pidfd_lock:
+                if child.pidfd is not None:
+                    os.close(child.pidfd)
+                    child.pidfd = None
             child.started.set()
             child.exited.set()
 
@@ -227,6 +266,10 @@ class ForkServer:
         child.stdout = open(pipes[1][0])  # noqa: SIM115
         child.stderr = open(pipes[2][0])  # noqa: SIM115
         if not child.started.wait(timeout) or not child.pid:
+            with self.lock:
+                self.children.pop(child.rid, None)
+            for stream in (child.stdin, child.stdout, child.stderr):
+                stream.close()
             raise ServerGone(f"the fork server forked no child within {timeout}s for {argv}")
         return child
 

@@ -38,7 +38,7 @@ def both(
     ("path", "order"),
     [(path, "before") for path in ("return", "sys.exit(3)", 'sys.exit("msg")', "exception",
                                    "KeyboardInterrupt", "SIGINT", "SIGTERM", "SIGHUP under nohup")]
-    + [("exception", "none"), ("SIGINT", "none")],
+    + [("exception", "none"), ("SIGINT", "none"), ("KeyboardInterrupt", "none")],
 )  # fmt: skip
 def test_a_forked_child_ends_as_an_execd_one(
     scenario: Scenario, store: Store, warm: WarmInterpreter, path: str, order: str
@@ -80,6 +80,8 @@ def test_a_program_that_needs_a_cold_start_gets_one(
     outside a test, at collection, notes a telemetry session there)."""
     monkeypatch.setenv("_MLFLOW_TELEMETRY_SESSION_ID", "0123456789abcdef")
     assert warm.takes(child_env(store))
+    # Read late, but whether it is set at all is read as mlflow is imported (its telemetry).
+    assert not warm.takes({k: v for k, v in child_env(store).items() if k != "PYTEST_CURRENT_TEST"})
     assert warm.takes(child_env(store, LIFEGUARD_DEADLINE="3", MLFLOW_RUN_ID="x"))
     assert not warm.takes(child_env(store, PYTHONPATH="/elsewhere"))
     assert not warm.takes(child_env(store, HOME="/elsewhere"))
@@ -100,7 +102,8 @@ def test_a_forked_child_sees_its_own_argv_path_and_main(
         "main = sys.modules['__main__']\n"
         "demo.announce(argv=sys.argv, path0=sys.path[0], file=__file__,\n"
         "              same=main.__dict__ is globals(), names=sorted(globals()),\n"
-        "              sigint=str(signal.getsignal(2)), cwd=os.getcwd())\n"
+        "              sigint=str(signal.getsignal(2)), cwd=os.getcwd(),\n"
+        "              seekable=[f.seekable() for f in (sys.stdin, sys.stdout, sys.stderr)])\n"
     )
     env = child_env(store)
     forked = warm.run([sys.executable, str(program), "a", "b"], env, timeout=CHILD_TIMEOUT,

@@ -1,10 +1,12 @@
 """The tests' warm interpreter: ``python tests/zygote.py FD`` is a :mod:`lifeguard.forkserver`
-that has imported what the child programs import (mlflow, its sqlite store, psutil), and runs
-each forked child's program as ``python PROGRAM ARGS`` would: at the top of ``__main__``, the
-bottom frame of the stack, where ``sys.exit`` and an uncaught exception end the program and
-lifeguard's hooks look for them. conftest.py decides which children may be forked (see
-``Scenario.run``); a child program that must start cold (the import order under test, an
-interpreter flag, a PYTHON* variable of its own) is exec'd as before.
+that has imported what the child programs import (mlflow, its sqlite store and MLflow's context
+providers, git, psutil), and runs each forked child's program as ``python PROGRAM ARGS`` would:
+in ``__main__``'s namespace, emptied, as the interpreter's top level. One frame differs: the
+program's top level runs under this script's, so a traceback shows that frame first and
+lifeguard's ``ending`` judges this frame as the bottom of the stack (conftest.py sends a program
+whose top level raises SystemExit itself to a cold start). conftest.py decides which children
+may be forked (see ``Scenario.run``); a child program that must start cold (the import order
+under test, an interpreter flag, an environment read at startup) is exec'd as before.
 """
 
 import sys
@@ -23,7 +25,7 @@ def _become(request: dict[str, object]) -> tuple[object, dict[str, object]]:
     import importlib.machinery
     import os
 
-    path = str(sys.argv[0])
+    path = os.path.abspath(str(sys.argv[0]))  # CPython's __file__ for a script, since 3.9
     with open(path, "rb") as f:
         code = compile(f.read(), path, "exec", dont_inherit=True)
     sys.path[0] = os.path.dirname(os.path.realpath(path))
