@@ -168,7 +168,7 @@ _READ_LATE_NAMES = frozenset(
 class WarmInterpreter:
     """One fork server per pytest worker (tests/zygote.py), started on first use: the child
     programs that need no cold start are forked from it, each saving the ~4 s of CPU that
-    ``import mlflow`` and a store's first query cost (the suite's largest cost by far). Set
+    ``import mlflow`` and a store's first query cost (most of each such test's time). Set
     LIFEGUARD_TEST_COLD=1 to exec every child instead."""
 
     def __init__(self) -> None:
