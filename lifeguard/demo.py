@@ -353,12 +353,18 @@ def drive(
 def _preload() -> None:
     """Import what every child would import, and warm what needs no engine and no thread."""
     import mlflow
-    import mlflow.store.tracking.sqlalchemy_store  # sqlalchemy, alembic
     import mlflow.tracking.context.registry  # noqa: F401
 
-    for optional in ("git", "psutil", "sqlalchemy.dialects.sqlite"):
+    # The SQL store (sqlalchemy, alembic) is not in mlflow-skinny, whose programs log over
+    # REST; git: MLflow's git tags; psutil: lifeguard's owner tags.
+    for name in (
+        "mlflow.store.tracking.sqlalchemy_store",
+        "sqlalchemy.dialects.sqlite",
+        "git",
+        "psutil",
+    ):
         try:
-            __import__(optional)  # git: MLflow's git tags; psutil: lifeguard's owner tags
+            __import__(name)
         except ImportError:
             pass
     try:
