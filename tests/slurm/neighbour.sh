@@ -64,6 +64,11 @@ EOF
 stop_all() {
     set +e
     scancel --full --quiet --user=root 2>/dev/null
+    # Until its jobs are gone: a job step outlives a slurmd stopped under it.
+    for _ in $(seq 100); do
+        [ -z "$(squeue -h 2>/dev/null)" ] && break
+        sleep 0.2
+    done
     for name in slurmd slurmctld; do
         [ -s "$DIR/$name.pid" ] && kill "$(cat "$DIR/$name.pid")" 2>/dev/null
     done
