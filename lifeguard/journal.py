@@ -514,6 +514,10 @@ class Journal:
         self._refuse(f"lifeguard: refusing journal file {path}: it {why}; {where}, not replayed")
 
     def _refuse(self, line: str) -> None:
+        # Once per journal: a sweep reads it twice (to replay, then to spare what is still
+        # journaled), and a directory refused stays refused; one line names it.
+        if line in self.refused:
+            return
         self.refused.append(line)
         logger().error("%s", line)
 

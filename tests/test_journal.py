@@ -223,6 +223,19 @@ def test_only_the_users_own_private_files_are_read(
         assert list(Journal(str(journal_dir)).entries()) == []
 
 
+@pytest.mark.parametrize("kind", ["group-writable directory", "directory of another uid"])
+def test_a_journal_read_twice_names_a_refusal_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, kind: str
+) -> None:
+    journal_dir = tmp_path / "journal"
+    journal_dir.mkdir(mode=0o700)
+    named = PLANTS[kind](journal_dir, RUN, planted_json())
+    journal = Journal(str(journal_dir))
+    assert list(journal.entries()) == [] and list(journal.entries()) == []
+    [line] = journal.refused
+    assert named in line and caplog.text.count("refusing journal") == 1
+
+
 def test_a_symlink_is_renamed_never_its_target(tmp_path: Path) -> None:
     target = tmp_path / "mine.txt"
     target.write_text("not a journal entry")

@@ -293,7 +293,12 @@ def test_a_planted_journal_entry_is_never_replayed(
         finally:
             attacker.close()
 
-        # `lifeguard sweep`: the entry names the swept server itself and a live run.
+        # `lifeguard sweep`: the entry names the swept server itself and a live run. Beside it,
+        # an orphan (an earlier process with our pid): ending one makes the sweep read the
+        # journal a second time, which once named the refused directory twice (CI).
+        me = Owner.current()
+        earlier = Owner(me.host, me.pid, me.start_time - 3600, me.boot_id, me.pid_ns)
+        orphan = client.create_run("0", tags=earlier.tags()).info.run_id
         journal = tmp_path / "swept"
         journal.mkdir(mode=0o700)
         named = PLANTS[kind](journal, victim, planted(victim, recorder.uri))
@@ -311,6 +316,7 @@ def test_a_planted_journal_entry_is_never_replayed(
         assert not [r for r in recorder.requests if victim in r[1] or victim.encode() in r[3]]
         run = client.get_run(victim)
         assert run.info.status == "RUNNING" and "lifeguard.reason" not in run.data.tags
+        assert client.get_run(orphan).info.status == "KILLED"
     finally:
         recorder.close()
 
