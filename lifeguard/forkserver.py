@@ -164,6 +164,19 @@ class ForkedChild:
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
 
+    def close_pidfd(self) -> None:
+        with self.pidfd_lock:
+            if self.pidfd is not None:
+                os.close(self.pidfd)
+                self.pidfd = None
+
+
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except ProcessLookupError:  # exited and reaped already: nothing to signal
+        return None
+
 
 class ForkServer:
     """The parent's side: start the server (``cmd`` plus the socket's fd number), ask it for
@@ -215,31 +228,30 @@ class ForkServer:
             if not message:
                 break
             answer = json.loads(message)
-            with self.lock:
-                child = self.children[answer["id"]]
-            if "pid" in answer:
-                child.pid = answer["pid"]
-                try:
-                    child.pidfd = os.pidfd_open(child.pid)
-                except ProcessLookupError:  # exited and reaped already: nothing to signal
-                    pass
-                child.started.set()
-            else:
-                child.returncode = os.waitstatus_to_exitcode(answer["status"])
-                with self.lock:
-                    del self.children[answer["id"]]
-                with child.pidfd_lock:
-                    if child.pidfd is not None:
-                        os.close(child.pidfd)
-                        child.pidfd = None
-                child.exited.set()
+            with self.lock:  # the lock spawn() gives up under: a child is claimed, or killed
+                child = self.children.get(answer["id"])
+                if child is None:
+                    # Its spawn() gave up waiting, and nobody holds its pipes: a child forked
+                    # that late is not left to run. (Its status, when it comes, is dropped.)
+                    if "pid" in answer:
+                        late = ForkedChild(answer["id"])
+                        late.pidfd = _pidfd(answer["pid"])
+                        late.kill()
+                        late.close_pidfd()
+                    continue
+                if "pid" in answer:
+                    child.pid = answer["pid"]
+                    child.pidfd = _pidfd(child.pid)
+                    child.started.set()
+                    continue
+                del self.children[answer["id"]]
+            child.returncode = os.waitstatus_to_exitcode(answer["status"])
+            child.close_pidfd()
+            child.exited.set()
         with self.lock:  # the server is gone, and with it (PR_SET_PDEATHSIG) its children
             lost, self.children = list(self.children.values()), {}
         for child in lost:
-            with child.pidfd_lock:
-                if child.pidfd is not None:
-                    os.close(child.pidfd)
-                    child.pidfd = None
+            child.close_pidfd()
             child.started.set()
             child.exited.set()
 
@@ -259,6 +271,11 @@ class ForkServer:
             request = {"id": child.rid, "argv": list(argv), "env": dict(env), "cwd": cwd}
             try:
                 socket.send_fds(self.sock, [json.dumps(request).encode()], theirs)
+            except OSError as exc:  # EPIPE, ECONNRESET: the server is gone
+                del self.children[child.rid]
+                for fd in (pipes[0][1], pipes[1][0], pipes[2][0]):
+                    os.close(fd)
+                raise ServerGone(f"the fork server is gone ({exc}); nothing forked") from None
             finally:
                 for fd in theirs:
                     os.close(fd)
@@ -268,6 +285,7 @@ class ForkServer:
         if not child.started.wait(timeout) or not child.pid:
             with self.lock:
                 self.children.pop(child.rid, None)
+            child.kill()  # forked after all, as the wait ended: not left to run
             for stream in (child.stdin, child.stdout, child.stderr):
                 stream.close()
             raise ServerGone(f"the fork server forked no child within {timeout}s for {argv}")
