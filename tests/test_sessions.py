@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from lifeguard.demo import run_child
+from lifeguard.demo import default_signals, run_child
 from tests.conftest import CHILD_TIMEOUT, Store, child_env, trials, wait_gone
 
 pytestmark = pytest.mark.slow
@@ -202,6 +202,10 @@ class Repl:
     def __init__(self, env: dict[str, str]) -> None:
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # the child: the interpreter, on the pty
+            # As a terminal's shell starts it: every signal at its default. A runner started
+            # in the background of a script (`cmd &`, `nohup`) has SIGINT ignored, an exec keeps
+            # it so, and CPython then never sees Ctrl-C (this test failed 4 of 4 that way).
+            default_signals()
             os.execve(sys.executable, [sys.executable, "-q"], env)
         self.out = bytearray()
         self._wait_for(lambda: self.PROMPT in self.out)
