@@ -30,6 +30,8 @@ import sys
 import threading
 import time
 
+from lifeguard.forkserver import PR_SET_PDEATHSIG
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -65,7 +67,6 @@ MARKER = "LIFEGUARD_DEMO_DIR"
 TESTED_SIGNALS = (
     signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
 )  # fmt: skip
-PR_SET_PDEATHSIG = 1
 
 # name -> (what the child does, signal the parent sends after the ready line)
 PATHS: dict[str, tuple[str, int | None]] = {
