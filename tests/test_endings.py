@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from lifeguard.demo import ChildError, run_child
-from tests.conftest import CHILD_TIMEOUT, Store, child_env, sweep
+from tests.conftest import CHILD_TIMEOUT, Store, child_env, shows_lifeguard, sweep
 
 pytestmark = pytest.mark.slow
 
@@ -124,7 +124,7 @@ def test_a_session_pythoninspect_opened_after_an_error_ends_as_without_lifeguard
     assert code_with == code_without, with_
     run = store.run(run_id_in(with_))
     assert run.info.status == "FINISHED", run.data.tags
-    assert "lifeguard" not in with_
+    assert not shows_lifeguard(with_)
 
 
 # -- an exit the program caught, then `raise SystemExit(main())` ---------------------------------
@@ -469,7 +469,7 @@ def test_a_programs_own_exiting_handler_in_the_middle_of_a_write_does_not_wait_o
     program.write_text(textwrap.dedent(HANDLER_MID_WRITE))
     result = run_child([sys.executable, str(program)], env=child_env(store), timeout=CHILD_TIMEOUT)
     assert result.returncode == 143, result.stderr
-    assert "lifeguard" not in result.stderr, result.stderr
+    assert not shows_lifeguard(result.stderr), result.stderr
     assert store.status(str(result.ready["run_id"])) in ("KILLED", "FAILED")
 
 
