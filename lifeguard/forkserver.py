@@ -286,6 +286,7 @@ class ForkServer:
             with self.lock:
                 self.children.pop(child.rid, None)
             child.kill()  # forked after all, as the wait ended: not left to run
+            child.close_pidfd()  # its status, when it comes, finds no child to close it
             for stream in (child.stdin, child.stdout, child.stderr):
                 stream.close()
             raise ServerGone(f"the fork server forked no child within {timeout}s for {argv}")

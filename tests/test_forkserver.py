@@ -86,6 +86,7 @@ def test_a_signal_at_a_random_instant_is_the_childs_end(server: ForkServer) -> N
 def test_a_spawn_that_gave_up_leaves_the_server_serving(server: ForkServer) -> None:
     """A spawn whose answer comes after its timeout: its late child is killed, never left to
     run, and the next spawns are served as before."""
+    fds = len(os.listdir("/proc/self/fd"))
     gave_up = 0
     for _ in range(20):
         try:
@@ -96,6 +97,12 @@ def test_a_spawn_that_gave_up_leaves_the_server_serving(server: ForkServer) -> N
     child = spawn(server, READY_THEN + "raise SystemExit(4)")
     ready(child)
     assert child.wait(TIMEOUT) == 4
+    # The server answered in order: every late child's answer came before this one's. No pipe
+    # and no pidfd of theirs is left open.
+    for stream in (child.stdin, child.stdout, child.stderr):
+        assert stream is not None
+        stream.close()
+    assert len(os.listdir("/proc/self/fd")) == fds
     # No child of the server's is left: the late ones were killed.
     deadline = time.monotonic() + TIMEOUT
     while True:
