@@ -183,6 +183,48 @@ class ChildError(RuntimeError):
     pass
 
 
+def _describe_processes(pid: int) -> str:
+    """Where a hung child and the processes it started wait (state, and the kernel function each
+    sleeps in): what a timeout needs to be diagnosed from a CI log alone. A child in a session of
+    its own is shown with its whole session (a grandchild whose parent died is still in it);
+    otherwise with its descendants. Linux's /proc only."""
+    procs: dict[int, tuple[str, int, int, str, str]] = {}  # pid -> state, ppid, sid, wchan, argv
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return "(no /proc: its processes cannot be listed)"
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+            # The command name is in parentheses and may hold spaces: split after its end.
+            state, ppid, _pgid, sid = stat[stat.rindex(")") + 2 :].split()[:4]
+            with open(f"/proc/{name}/wchan") as f:
+                wchan = f.read() or "-"
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                argv = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except (OSError, ValueError):
+            continue  # gone meanwhile
+        procs[int(name)] = (state, int(ppid), int(sid), wchan, argv[:200])
+    if pid in procs and procs[pid][2] == pid:
+        shown = {p for p, info in procs.items() if info[2] == pid}
+    else:
+        shown = {pid}
+        while True:
+            more = {p for p, info in procs.items() if info[1] in shown} - shown
+            if not more:
+                break
+            shown |= more
+    rows = [
+        f"  pid {p} ppid {procs[p][1]} state {procs[p][0]} in {procs[p][3]}: {procs[p][4]}"
+        for p in sorted(shown)
+        if p in procs
+    ]
+    return "its processes:\n" + ("\n".join(rows) or "  (none left)")
+
+
 def _libc_prctl() -> Callable[..., int]:
     import ctypes
 
@@ -310,7 +352,17 @@ def drive(
 
     def read_stderr() -> None:
         assert proc.stderr is not None
-        stderr_chunks.append(proc.stderr.read())
+        # Line by line, not read() to EOF: a child that hangs has its stderr so far shown.
+        for line in proc.stderr:
+            stderr_chunks.append(line)
+
+    def so_far() -> str:
+        """The child's state for an error raised while it still runs: taken before it is killed."""
+        return (
+            f"{_describe_processes(proc.pid)}\n"
+            f"its stdout so far: {''.join(stdout_lines)[-2000:]!r}\n"
+            f"its stderr so far: {''.join(stderr_chunks)[-4000:]!r}"
+        )
 
     readers = [threading.Thread(target=read_stdout), threading.Thread(target=read_stderr)]
     for reader in readers:
@@ -318,10 +370,16 @@ def drive(
         reader.start()
     try:
         if not ready_event.wait(timeout):
-            raise ChildError(f"no ready line within {timeout}s from {cmd}")
+            raise ChildError(f"no ready line within {timeout}s from {cmd}\n{so_far()}")
         if ready:
             if after_ready is not None:
-                after_ready(ready)
+                try:
+                    after_ready(ready)
+                except Exception as exc:
+                    # A test's own check failed while the child ran: say what the child was doing.
+                    if hasattr(exc, "add_note"):  # 3.11+
+                        exc.add_note(f"while the child ran: {cmd}\n{so_far()}")
+                    raise
             for sig in send:
                 kill(sig)
         if close_stdin_after_signals and proc.stdin is not None:
@@ -333,7 +391,7 @@ def drive(
         try:
             returncode = proc.wait(remaining)
         except subprocess.TimeoutExpired:
-            raise ChildError(f"child did not exit within {timeout}s: {cmd}") from None
+            raise ChildError(f"child did not exit within {timeout}s: {cmd}\n{so_far()}") from None
         for reader in readers:
             reader.join(timeout=10)
     finally:

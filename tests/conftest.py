@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -157,6 +158,24 @@ def without_and_with(
 def wait_gone(pid: int, timeout: float = 60.0) -> None:
     """Wait for a process we are not the parent of (a watchdog, a reparented fork child)."""
     assert demo_wait_gone(pid, timeout), f"process {pid} still alive after {timeout}s"
+
+
+def wait_blocked(pid: int, where: str, timeout: float = 60.0) -> None:
+    """Wait until ``pid``'s main thread sleeps in a kernel function whose name holds ``where``
+    ("pipe": a read of stdin; "pause"; "nanosleep"). A signal whose Python handler must run
+    soon is sent then: one that lands between the handler check CPython makes before a blocking
+    call and the call's system call is handled only once the call returns, with or without
+    lifeguard (a read of stdin: when the test closes it)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with open(f"/proc/{pid}/wchan") as f:
+                if where in f.read():
+                    return
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, f"{pid} not blocked in {where!r} after {timeout}s"
+        time.sleep(0.005)
 
 
 @pytest.fixture(autouse=True)

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.conftest import Scenario, Store, child_env, wait_gone
+from tests.conftest import Scenario, Store, child_env, wait_blocked, wait_gone
 
 pytestmark = pytest.mark.slow
 
@@ -99,7 +99,18 @@ def test_every_run_of_the_process_is_ended(scenario: Scenario, store: Store, run
 
 def test_forked_children_never_run_the_parents_finalizers(scenario: Scenario, store: Store) -> None:
     """Ctrl-C in a terminal sends SIGINT to the whole process group, DataLoader workers included."""
-    result = scenario.run("--path", "SIGINT", "--fork", send=(signal.SIGINT,), to_group=True)
+
+    def all_waiting(ready: dict[str, object]) -> None:
+        # Each child waits in pause(), the program in its read of stdin. A SIGINT that lands in
+        # a child just before its pause() leaves it paused for good, with or without lifeguard
+        # (and the program's multiprocessing joins it at exit).
+        for pid in ready["children"]:  # type: ignore[attr-defined]
+            wait_blocked(pid, "pause")
+        wait_blocked(int(ready["pid"]), "pipe")  # type: ignore[call-overload]
+
+    result = scenario.run(
+        "--path", "SIGINT", "--fork", send=(signal.SIGINT,), to_group=True, after_ready=all_waiting
+    )  # fmt: skip
     assert result.returncode == -signal.SIGINT
     [run_id] = result.ready["run_ids"]
     assert store.status(run_id) == "KILLED"
@@ -219,7 +230,11 @@ def test_preemption_warning_tags_and_goes_on_then_sigterm_ends(
 
     def warn(ready: dict[str, object]) -> None:
         [run_id] = ready["run_ids"]  # type: ignore[misc]
-        os.kill(int(ready["pid"]), signal.SIGUSR1)  # type: ignore[call-overload]
+        pid = int(ready["pid"])  # type: ignore[call-overload]
+        # Sent once the program waits in its read of stdin: sent sooner, it can land just before
+        # the read's system call, and then its handler runs only when stdin closes, after this.
+        wait_blocked(pid, "pipe")
+        os.kill(pid, signal.SIGUSR1)
         # The tag is written from a background thread: wait for it on the server (bounded).
         deadline = time.monotonic() + 60
         while "lifeguard.preemption_warning" not in store.run(run_id).data.tags:
