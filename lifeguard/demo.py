@@ -185,43 +185,41 @@ class ChildError(RuntimeError):
 
 def _describe_processes(pid: int) -> str:
     """Where a hung child and the processes it started wait (state, and the kernel function each
-    sleeps in): what a timeout needs to be diagnosed from a CI log alone. A child in a session of
-    its own is shown with its whole session (a grandchild whose parent died is still in it);
-    otherwise with its descendants. Linux's /proc only."""
-    procs: dict[int, tuple[str, int, int, str, str]] = {}  # pid -> state, ppid, sid, wchan, argv
+    sleeps in): what a timeout needs to be diagnosed from a CI log alone. Its descendants, and
+    its whole session if it leads one (a grandchild whose parent died is still in it). Linux's
+    /proc only; a process that goes meanwhile is left out."""
+    stats: dict[int, tuple[str, int, int]] = {}  # pid -> state, ppid, session
     try:
-        names = os.listdir("/proc")
+        names = [name for name in os.listdir("/proc") if name.isdigit()]
     except OSError:
         return "(no /proc: its processes cannot be listed)"
     for name in names:
-        if not name.isdigit():
-            continue
         try:
-            with open(f"/proc/{name}/stat") as f:
-                stat = f.read()
-            # The command name is in parentheses and may hold spaces: split after its end.
-            state, ppid, _pgid, sid = stat[stat.rindex(")") + 2 :].split()[:4]
-            with open(f"/proc/{name}/wchan") as f:
-                wchan = f.read() or "-"
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                argv = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-        except (OSError, ValueError):
-            continue  # gone meanwhile
-        procs[int(name)] = (state, int(ppid), int(sid), wchan, argv[:200])
-    if pid in procs and procs[pid][2] == pid:
-        shown = {p for p, info in procs.items() if info[2] == pid}
-    else:
-        shown = {pid}
-        while True:
-            more = {p for p, info in procs.items() if info[1] in shown} - shown
-            if not more:
-                break
-            shown |= more
-    rows = [
-        f"  pid {p} ppid {procs[p][1]} state {procs[p][0]} in {procs[p][3]}: {procs[p][4]}"
-        for p in sorted(shown)
-        if p in procs
-    ]
+            with open(f"/proc/{name}/stat", "rb") as f:
+                # The command name is in parentheses and may hold anything: split after its end.
+                state, ppid, _pgid, sid = f.read().rsplit(b")", 1)[1].split()[:4]
+            stats[int(name)] = (state.decode(errors="replace"), int(ppid), int(sid))
+        except (OSError, ValueError, IndexError):
+            continue
+    shown = {pid}
+    if stats.get(pid, ("", 0, 0))[2] == pid:
+        shown |= {p for p, (_, _, sid) in stats.items() if sid == pid}
+    while more := {p for p, (_, ppid, _) in stats.items() if ppid in shown} - shown:
+        shown |= more
+    rows = []
+    for p in sorted(shown & stats.keys()):
+        # wchan and cmdline only for these: reading a process's cmdline can wait on its memory.
+        details = []
+        for item in ("wchan", "cmdline"):
+            try:
+                with open(f"/proc/{p}/{item}", "rb") as f:
+                    details.append(f.read().replace(b"\0", b" ").decode(errors="replace").strip())
+            except OSError:
+                details.append("?")
+        wchan = details[0] if details[0] not in ("", "0") else "-"
+        rows.append(
+            f"  pid {p} ppid {stats[p][1]} state {stats[p][0]} in {wchan}: {details[1][:200]}"
+        )
     return "its processes:\n" + ("\n".join(rows) or "  (none left)")
 
 
@@ -297,6 +295,7 @@ def run_child(
         env=None if env is None else dict(env),
         cwd=cwd,
         text=True,
+        errors="replace",  # a stray byte in its output must not stop a reader (and hang it)
         start_new_session=new_session,
         preexec_fn=_child_preexec(prctl),
     )
@@ -358,8 +357,12 @@ def drive(
 
     def so_far() -> str:
         """The child's state for an error raised while it still runs: taken before it is killed."""
+        try:
+            processes = _describe_processes(proc.pid)
+        except Exception as exc:  # noqa: BLE001 - a description must never hide the error
+            processes = f"(its processes could not be listed: {exc!r})"
         return (
-            f"{_describe_processes(proc.pid)}\n"
+            f"{processes}\n"
             f"its stdout so far: {''.join(stdout_lines)[-2000:]!r}\n"
             f"its stderr so far: {''.join(stderr_chunks)[-4000:]!r}"
         )
@@ -375,7 +378,7 @@ def drive(
             if after_ready is not None:
                 try:
                     after_ready(ready)
-                except Exception as exc:
+                except BaseException as exc:  # pytest.fail() raises a BaseException
                     # A test's own check failed while the child ran: say what the child was doing.
                     if hasattr(exc, "add_note"):  # 3.11+
                         exc.add_note(f"while the child ran: {cmd}\n{so_far()}")

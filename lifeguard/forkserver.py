@@ -280,8 +280,9 @@ class ForkServer:
                 for fd in theirs:
                     os.close(fd)
         child.stdin = open(pipes[0][1], "w")  # noqa: SIM115 - closed by the driver and at exit
-        child.stdout = open(pipes[1][0])  # noqa: SIM115
-        child.stderr = open(pipes[2][0])  # noqa: SIM115
+        # errors="replace", as run_child's: a child's stray byte must not stop its reader.
+        child.stdout = open(pipes[1][0], errors="replace")  # noqa: SIM115
+        child.stderr = open(pipes[2][0], errors="replace")  # noqa: SIM115
         if not child.started.wait(timeout) or not child.pid:
             with self.lock:
                 self.children.pop(child.rid, None)

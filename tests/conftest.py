@@ -162,19 +162,24 @@ def wait_gone(pid: int, timeout: float = 60.0) -> None:
 
 def wait_blocked(pid: int, where: str, timeout: float = 60.0) -> None:
     """Wait until ``pid``'s main thread sleeps in a kernel function whose name holds ``where``
-    ("pipe": a read of stdin; "pause"; "nanosleep"). A signal whose Python handler must run
-    soon is sent then: one that lands between the handler check CPython makes before a blocking
-    call and the call's system call is handled only once the call returns, with or without
-    lifeguard (a read of stdin: when the test closes it)."""
+    ("pipe_read": a read of stdin, ``anon_pipe_read`` on recent kernels). A signal whose Python
+    handler must run soon is sent then: one that lands between the handler check CPython makes
+    before a blocking call and the call's system call is handled only once the call returns,
+    with or without lifeguard (a read of stdin: when the test closes it)."""
     deadline = time.monotonic() + timeout
+    seen = "nothing"
     while True:
         try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0].decode()
             with open(f"/proc/{pid}/wchan") as f:
-                if where in f.read():
-                    return
-        except OSError:
-            pass
-        assert time.monotonic() < deadline, f"{pid} not blocked in {where!r} after {timeout}s"
+                seen = f"state {state}, in {f.read()!r}"
+        except (OSError, IndexError):
+            state = "gone"
+        assert state not in ("gone", "Z", "X"), f"{pid} ended before it blocked in {where!r}"
+        if state == "S" and where in seen:
+            return
+        assert time.monotonic() < deadline, f"{pid} not blocked in {where!r} ({seen})"
         time.sleep(0.005)
 
 

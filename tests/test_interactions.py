@@ -100,16 +100,9 @@ def test_every_run_of_the_process_is_ended(scenario: Scenario, store: Store, run
 def test_forked_children_never_run_the_parents_finalizers(scenario: Scenario, store: Store) -> None:
     """Ctrl-C in a terminal sends SIGINT to the whole process group, DataLoader workers included."""
 
-    def all_waiting(ready: dict[str, object]) -> None:
-        # Each child waits in pause(), the program in its read of stdin. A SIGINT that lands in
-        # a child just before its pause() leaves it paused for good, with or without lifeguard
-        # (and the program's multiprocessing joins it at exit).
-        for pid in ready["children"]:  # type: ignore[attr-defined]
-            wait_blocked(pid, "pause")
-        wait_blocked(int(ready["pid"]), "pipe")  # type: ignore[call-overload]
-
     result = scenario.run(
-        "--path", "SIGINT", "--fork", send=(signal.SIGINT,), to_group=True, after_ready=all_waiting
+        "--path", "SIGINT", "--fork", send=(signal.SIGINT,), to_group=True,
+        after_ready=lambda ready: wait_blocked(int(ready["pid"]), "pipe_read"),  # type: ignore[call-overload]
     )  # fmt: skip
     assert result.returncode == -signal.SIGINT
     [run_id] = result.ready["run_ids"]
@@ -233,7 +226,7 @@ def test_preemption_warning_tags_and_goes_on_then_sigterm_ends(
         pid = int(ready["pid"])  # type: ignore[call-overload]
         # Sent once the program waits in its read of stdin: sent sooner, it can land just before
         # the read's system call, and then its handler runs only when stdin closes, after this.
-        wait_blocked(pid, "pipe")
+        wait_blocked(pid, "pipe_read")
         os.kill(pid, signal.SIGUSR1)
         # The tag is written from a background thread: wait for it on the server (bounded).
         deadline = time.monotonic() + 60

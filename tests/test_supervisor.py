@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from lifeguard import demo
-from tests.conftest import CHILD_TIMEOUT, Scenario, Store, child_env
+from tests.conftest import CHILD_TIMEOUT, Scenario, Store, child_env, wait_blocked
 from tests.test_guardian import DEATHS, IN_PROCESS
 
 pytestmark = pytest.mark.slow
@@ -71,16 +71,61 @@ def test_bare_system_exit_is_known_exactly(
 def test_signals_to_the_supervisor_reach_the_program(
     scenario: Scenario, store: Store, sig: int, ended_by: str
 ) -> None:
-    # stdin stays open: the program must be ended by the forwarded signal, not by EOF.
+    # stdin stays open: the program must be ended by the forwarded signal, not by EOF. Sent
+    # once the program waits in its read of stdin: its SIGINT is Python's KeyboardInterrupt, and
+    # one that lands just before the read's system call would be raised only at EOF.
     result = scenario.run(
-        "--path", "SIGTERM", send=(sig,), launcher=RUN, close_stdin_after_signals=False
-    )
+        "--path", "SIGTERM", send=(sig,), launcher=RUN, close_stdin_after_signals=False,
+        after_ready=lambda ready: wait_blocked(int(ready["pid"]), "pipe_read"),  # type: ignore[call-overload]
+    )  # fmt: skip
     assert result.returncode == -sig
     [run_id] = result.ready["run_ids"]
     run = store.run(run_id)
     assert run.info.status == "KILLED"
     assert run.data.tags["lifeguard.signal"] == signal.Signals(sig).name
     assert run.data.tags["lifeguard.ended_by"] == ended_by
+
+
+# A SIGTERM that the supervisor's main thread does not see while it waits in select(), as one
+# that lands just before select()'s system call: another thread of the supervisor takes it
+# (pthread_kill to itself, once the main thread sleeps in select). CPython's C handler runs in
+# that thread; the main thread's select is not interrupted. Only the wakeup fd can wake it for
+# the Python handler that forwards the signal.
+SIGNAL_BESIDE_THE_SELECT = """
+import os, signal, sys, threading, time
+from lifeguard.guardian.supervisor import supervise
+
+main = threading.get_native_id()
+
+def take_signal():
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    sys.stdin.read()  # EOF: the test has the program's ready line; the supervisor waits now
+    # select() sleeps in poll_schedule_timeout (do_select on older kernels)
+    while not any(w in open(f"/proc/self/task/{main}/wchan").read() for w in ("poll", "select")):
+        time.sleep(0.005)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+    threading.Event().wait()
+
+threading.Thread(target=take_signal, daemon=True).start()
+sys.exit(supervise(sys.argv[1:]))
+"""
+
+PROGRAM = """
+import json, os, threading
+print("LIFEGUARD-READY " + json.dumps({"pid": os.getpid()}), flush=True)
+threading.Event().wait()  # it ends only if the SIGTERM reaches it
+"""
+
+
+def test_a_signal_the_select_never_sees_is_forwarded(tmp_path: Path) -> None:
+    script = tmp_path / "supervisor.py"
+    script.write_text(SIGNAL_BESIDE_THE_SELECT)
+    # Its stdin is closed once the program's ready line is read: the supervisor's thread goes on.
+    result = demo.run_child(
+        [sys.executable, str(script), sys.executable, "-c", PROGRAM], timeout=CHILD_TIMEOUT
+    )
+    assert result.returncode == -signal.SIGTERM, result.stderr
 
 
 @pytest.mark.parametrize("path", ["sys.exit(3)", "exception", "return"])

@@ -217,6 +217,7 @@ def main(argv: list[str]) -> int:
     return the status to exit with (the program's, 128 + N for a signal)."""
     from lifeguard.guardian.supervisor import OrphanReaper
     from lifeguard.guardian.watchdog import (
+        SignalWake,
         dead_or_unknown,
         decide,
         finalize_leftovers,
@@ -238,6 +239,7 @@ def main(argv: list[str]) -> int:
             except ProcessLookupError:
                 pass
 
+    wake = SignalWake()
     for signum in FORWARDED:
         signal.signal(signum, forward)
     reaper = OrphanReaper(child)
@@ -247,10 +249,11 @@ def main(argv: list[str]) -> int:
     except (AttributeError, OSError):
         pidfd = None
     try:
-        evidence, died_at = wait_for_exit(read_fd, pidfd)
+        evidence, died_at = wait_for_exit(read_fd, pidfd, wake.read_fd)
     finally:
         if pidfd is not None:
             os.close(pidfd)
+        wake.close()
     _, status = os.waitpid(child, 0)
     returncode = os.waitstatus_to_exitcode(status)
     pending = evidence.pending()

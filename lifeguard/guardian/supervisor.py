@@ -30,6 +30,7 @@ from lifeguard._fds import out_of_the_way
 from lifeguard.channel import SUPERVISOR, Channel
 from lifeguard.guardian.watchdog import (
     Evidence,
+    SignalWake,
     dead_or_unknown,
     decide,
     finalize_leftovers,
@@ -104,12 +105,14 @@ def supervise(cmd: Sequence[str], *, deadline: float | None = None) -> int:
         except ProcessLookupError:
             pass
 
+    wake = SignalWake()
     saved = {sig: signal.signal(sig, forward) for sig in FORWARDED}
     try:
-        evidence, returncode, died_at = _watch_child(read_fd, proc)
+        evidence, returncode, died_at = _watch_child(read_fd, proc, wake.read_fd)
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
+        wake.close()
         if terminal is not None:
             _take_terminal_back(terminal)
         os.close(read_fd)
@@ -142,12 +145,14 @@ class SupervisorError(RuntimeError):
     pass
 
 
-def _watch_child(read_fd: int, proc: subprocess.Popen[bytes]) -> tuple[Evidence, int, float]:
+def _watch_child(
+    read_fd: int, proc: subprocess.Popen[bytes], wake_fd: int
+) -> tuple[Evidence, int, float]:
     """Read the channel until the child exits, then reap it for its exact status."""
     reaper = OrphanReaper(proc.pid) if os.getpid() == 1 else None
     pidfd = os.pidfd_open(proc.pid)
     try:
-        evidence, died_at = wait_for_exit(read_fd, pidfd)
+        evidence, died_at = wait_for_exit(read_fd, pidfd, wake_fd)
     finally:
         os.close(pidfd)
     returncode = proc.wait()

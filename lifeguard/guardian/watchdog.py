@@ -25,6 +25,7 @@ import signal
 import sys
 import time
 
+from lifeguard._fds import pipe
 from lifeguard.channel import WATCHDOG, Channel, Message, parse_line
 from lifeguard.names import GUARDIAN_ENV
 
@@ -222,14 +223,43 @@ def watch(read_fd: int, parent: int) -> tuple[Evidence, float]:
             os.close(pidfd)
 
 
-def wait_for_exit(read_fd: int, pidfd: int | None) -> tuple[Evidence, float]:
+class SignalWake:
+    """A guardian's signal handlers (the supervisor's and PID 1's: forwarding, reaping orphans)
+    are Python's: CPython runs them between bytecodes. A signal that lands after its last check
+    and before ``select()``'s system call would wait for the next channel message or the
+    program's exit: a scancel's SIGTERM, never forwarded, and the program's graceful stop lost.
+    CPython's C handler writes each signal's number to the wakeup fd at delivery, whichever
+    thread takes it; that fd is in the select, so the select returns and the handlers run."""
+
+    def __init__(self) -> None:
+        self.read_fd, self._write_fd = pipe()
+        os.set_blocking(self.read_fd, False)
+        os.set_blocking(self._write_fd, False)  # the C handler must never block
+        self._previous = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
+
+    def close(self) -> None:
+        signal.set_wakeup_fd(self._previous)
+        os.close(self._write_fd)
+        os.close(self.read_fd)
+
+
+def wait_for_exit(
+    read_fd: int, pidfd: int | None, wake_fd: int | None = None
+) -> tuple[Evidence, float]:
     """Read the channel until the process behind ``pidfd`` exits (no polling: both wake
-    select). Without a pidfd, EOF on the channel stands for the exit. Returns the evidence and
-    the time of death."""
+    select). Without a pidfd, EOF on the channel stands for the exit. ``wake_fd`` (a signal
+    wakeup fd, non-blocking) only wakes the select, so that the caller's signal handlers run at
+    once. Returns the evidence and the time of death."""
     evidence = Evidence()
-    watched = [read_fd] + ([pidfd] if pidfd is not None else [])
+    watched = [read_fd] + [fd for fd in (pidfd, wake_fd) if fd is not None]
     while True:
         readable, _, _ = select.select(watched, [], [])
+        if wake_fd is not None and wake_fd in readable:
+            try:
+                while os.read(wake_fd, 512):
+                    pass
+            except BlockingIOError:
+                pass  # drained: the handlers run as this frame goes on
         if read_fd in readable:
             data = os.read(read_fd, 65536)
             if data:

@@ -167,12 +167,16 @@ if args.user_ended:
 children: list[int] = []
 if args.fork:
     import multiprocessing
+    import time
 
     read_fd, write_fd = os.pipe()
 
     def wait_forever() -> None:
         os.write(write_fd, b"x")
-        signal.pause()
+        # Not signal.pause(): a SIGINT that lands just before its system call leaves it paused
+        # for good (CPython runs the handler between bytecodes). A sleep ends.
+        while True:
+            time.sleep(0.1)
 
     pid = os.fork()
     if pid == 0:
