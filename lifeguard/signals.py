@@ -134,10 +134,18 @@ def _last_gasp() -> None:
         lastgasp.leave_replayer()
 
 
+# The main thread's ident, taken at install() (main thread only). threading knows it too, but a
+# program may never import threading, and lifeguard's own threads (the listener, the ender) are
+# started without it: in such a program the ender once took itself for the main thread, could
+# not reset the signal's handler from there, and exited 143 instead of dying of SIGTERM.
+_main_ident: int | None = None
+
+
 def is_main_thread() -> bool:
     threading = sys.modules.get("threading")
-    # Until something imports threading, no thread but the main one can run Python code.
-    return threading is None or threading.current_thread() is threading.main_thread()
+    if threading is not None:  # it follows a fork from another thread; our ident would not
+        return threading.current_thread() is threading.main_thread()
+    return _main_ident is None or _thread.get_ident() == _main_ident
 
 
 def _thread_name() -> str:
@@ -149,7 +157,7 @@ def _thread_name() -> str:
 def _main_thread_ident() -> int | None:
     threading = sys.modules.get("threading")
     if threading is None:
-        return None
+        return _main_ident
     ident: int | None = threading.main_thread().ident
     return ident
 
@@ -249,6 +257,7 @@ class SignalWatch:
 
     def install(self, signals: tuple[int, ...]) -> None:
         """Main thread only: Python allows signal handlers to be set nowhere else."""
+        global _main_ident
         remember_the_programs_mask()
         watched = []
         for signum in signals:
@@ -276,6 +285,8 @@ class SignalWatch:
                 watched.append(signum)
             self.saved[signum] = previous
         self.watched = frozenset(watched)
+        if self.saved and _main_ident is None:
+            _main_ident = _thread.get_ident()  # a handler was set: this is the main thread
         self.takeover = frozenset(s for s, p in self.saved.items() if p == _signal.SIG_DFL)
         if self.takeover:
             self._start_listener()

@@ -7,6 +7,7 @@ README about the API is true.
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import lifeguard
+from lifeguard import demo
 from lifeguard import options as _options
 from lifeguard.options import Options, parse_signals
 from lifeguard.outcome import Outcome, exit_code_of
@@ -198,6 +200,32 @@ def test_an_uncaught_keyboard_interrupt_still_dies_of_sigint(work: str) -> None:
         )
         assert result.returncode == -signal.SIGINT, (program, result.stderr)
         assert result.stderr.rstrip().endswith("KeyboardInterrupt")
+
+
+# A program that never imports threading (lifeguard's own threads are started without it).
+NO_THREADING = """
+import os, sys
+{install}
+assert "threading" not in sys.modules, "the test needs a program without threading"
+print('LIFEGUARD-READY {{"pid": %d}}' % os.getpid(), flush=True)
+sys.stdin.readline()
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_program_without_threading_dies_of_the_signal(tmp_path: Path, sig: int) -> None:
+    """Once, the ender took itself for the main thread where threading was never imported, could
+    not reset the signal's handler from there, and the process exited 143 (129) instead."""
+    codes = []
+    for install in ("", "import lifeguard; lifeguard.install()"):  # without lifeguard, then with
+        result = demo.run_child(
+            [sys.executable, "-c", NO_THREADING.format(install=install)],
+            env={**os.environ, "LIFEGUARD_JOURNAL_DIR": str(tmp_path / "journal")},
+            send=(sig,),
+            timeout=CHILD_TIMEOUT,
+        )
+        codes.append(result.returncode)
+    assert codes == [-sig, -sig]
 
 
 # -- 3. numeric options: refused at install() when no timer can take them ------------------
