@@ -94,7 +94,10 @@ def die_by_signal(signum: int) -> None:
     try:
         _last_gasp()
         if signum != _signal.SIGKILL:  # SIGKILL's disposition is always the default
-            _set_handler(signum, _signal.SIG_DFL)
+            try:
+                _set_handler(signum, _signal.SIG_DFL)
+            except ValueError:  # not the main thread after all: die the other way
+                die_from_any_thread(signum)
             _signal.pthread_sigmask(_signal.SIG_UNBLOCK, {signum})
         _signal.raise_signal(signum)
     finally:
@@ -134,18 +137,28 @@ def _last_gasp() -> None:
         lastgasp.leave_replayer()
 
 
-# The main thread's ident, taken at install() (main thread only). threading knows it too, but a
-# program may never import threading, and lifeguard's own threads (the listener, the ender) are
-# started without it: in such a program the ender once took itself for the main thread, could
-# not reset the signal's handler from there, and exited 143 instead of dying of SIGTERM.
+# The main thread's ident, taken at install() once a handler is set (which only the main thread
+# may do), and again in a forked child (whose one thread CPython makes its main one). Not
+# threading's: a program may never import it, and lifeguard's own threads start without it;
+# before 3.13, a threading first imported from such a thread (the ender's logging) takes *that*
+# thread for the main one. Either way the ender took itself for the main thread, could not
+# reset the signal's handler from there, and the process exited 143 instead of dying of SIGTERM.
 _main_ident: int | None = None
 
 
+def _remember_the_main_thread() -> None:
+    global _main_ident
+    if _main_ident is None:
+        os.register_at_fork(after_in_child=_remember_the_main_thread)
+    _main_ident = _thread.get_ident()
+
+
 def is_main_thread() -> bool:
+    if _main_ident is not None:
+        return _thread.get_ident() == _main_ident
     threading = sys.modules.get("threading")
-    if threading is not None:  # it follows a fork from another thread; our ident would not
-        return threading.current_thread() is threading.main_thread()
-    return _main_ident is None or _thread.get_ident() == _main_ident
+    # Never installed with a handler: no thread of lifeguard's runs; threading knows best.
+    return threading is None or threading.current_thread() is threading.main_thread()
 
 
 def _thread_name() -> str:
@@ -155,9 +168,11 @@ def _thread_name() -> str:
 
 
 def _main_thread_ident() -> int | None:
+    if _main_ident is not None:
+        return _main_ident
     threading = sys.modules.get("threading")
     if threading is None:
-        return _main_ident
+        return None
     ident: int | None = threading.main_thread().ident
     return ident
 
@@ -257,7 +272,6 @@ class SignalWatch:
 
     def install(self, signals: tuple[int, ...]) -> None:
         """Main thread only: Python allows signal handlers to be set nowhere else."""
-        global _main_ident
         remember_the_programs_mask()
         watched = []
         for signum in signals:
@@ -286,7 +300,7 @@ class SignalWatch:
             self.saved[signum] = previous
         self.watched = frozenset(watched)
         if self.saved and _main_ident is None:
-            _main_ident = _thread.get_ident()  # a handler was set: this is the main thread
+            _remember_the_main_thread()  # a handler was set: this is the main thread
         self.takeover = frozenset(s for s, p in self.saved.items() if p == _signal.SIG_DFL)
         if self.takeover:
             self._start_listener()

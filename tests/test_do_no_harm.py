@@ -212,14 +212,26 @@ sys.stdin.readline()
 """
 
 
+@pytest.mark.parametrize(
+    "lifeguard_lines",
+    [
+        "import lifeguard; lifeguard.install()",
+        # A finalizer: the ender imports threading (before 3.13 that made the ender its main).
+        "import lifeguard; lifeguard.install(); lifeguard.register(lambda outcome: None)",
+    ],
+    ids=["installed", "with a finalizer"],
+)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
-def test_a_program_without_threading_dies_of_the_signal(tmp_path: Path, sig: int) -> None:
-    """Once, the ender took itself for the main thread where threading was never imported, could
-    not reset the signal's handler from there, and the process exited 143 (129) instead."""
+def test_a_program_without_threading_dies_of_the_signal(
+    tmp_path: Path, sig: int, lifeguard_lines: str
+) -> None:
+    """Once, the ender took itself for the main thread where the program never imported
+    threading, could not reset the signal's handler from there, and the process exited 143
+    (129) instead."""
     codes = []
-    for install in ("", "import lifeguard; lifeguard.install()"):  # without lifeguard, then with
+    for lines in ("", lifeguard_lines):  # without lifeguard, then with
         result = demo.run_child(
-            [sys.executable, "-c", NO_THREADING.format(install=install)],
+            [sys.executable, "-c", NO_THREADING.format(install=lines)],
             env={**os.environ, "LIFEGUARD_JOURNAL_DIR": str(tmp_path / "journal")},
             send=(sig,),
             timeout=CHILD_TIMEOUT,
