@@ -314,8 +314,9 @@ def test_the_checks_themselves_catch_breakage() -> None:
 
 
 def test_tox_m_ci_runs_everything_ci_runs() -> None:
-    """.ci/run runs the README's `tox` (the default env_list), then `tox -m heavy`; `tox -m ci`
-    is exactly those two together, and leaves out no env tox.ini defines but NOT_IN_CI."""
+    """.ci/run runs the README's `tox` (the default env_list), then `tox -m heavy` (its installs
+    may come first, with --notest); `tox -m ci` is exactly those two together, and leaves out no
+    env tox.ini defines but NOT_IN_CI."""
     envs, labels, env_list = tox_config()
     assert "ci" in labels and "heavy" in labels, labels
     assert sorted(labels["ci"]) == sorted({*env_list, *labels["heavy"]}), labels
@@ -329,6 +330,11 @@ def test_tox_m_ci_runs_everything_ci_runs() -> None:
         if re.search(r"-m tox( |$)", line)
     ]
     assert runs, ".ci/run runs no tox command"
+    # An install-only pass (--notest: deps and the package, no command) runs no test; it may only
+    # prepare the heavy envs, ahead of the run that tests them.
+    installs = [argv for argv in runs if "--notest" in argv]
+    runs = [argv for argv in runs if "--notest" not in argv]
+    assert all(argv[:2] == ["-m", "heavy"] for argv in installs), installs
     assert not {"-e", "-m"} & set(runs[0]), f"the first tox of .ci/run is not the README's: {runs}"
     assert runs[1:] == [["-m", "heavy", "--skip-missing-interpreters", "false"]], runs
     assert runs[0] == ["--skip-missing-interpreters", "false"], runs

@@ -286,7 +286,7 @@ REAPER_PROGRAM = textwrap.dedent(
         try:
             with open(f"/proc/{pid}/stat") as f:
                 return f.read().rsplit(")", 1)[1].split()[0]
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):  # ESRCH: reaped as it was read
             return "reaped"
 
     # Reaping follows SIGCHLD at once; this bounds the wait on a loaded machine.
