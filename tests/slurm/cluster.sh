@@ -212,13 +212,16 @@ start_munge() { # our own munged: own key, socket, pid file and log, all in $MUN
     cannot "munged does not answer on $MUNGE_SOCKET (see $MUNGE_DIR/munged.log)"
 }
 
+# grep without -q: -q exits at the first match, and under pipefail the SIGPIPE that scontrol then
+# gets for the rest of its 7 KB fails the pipeline (it did: the node was idle, and "ready" never
+# came for 120 s in a rehearsal of .ci/run).
 ours() { # is the controller on our port this cluster's own (and alive by our pid files)?
     alive "$DIR/slurmctld.pid" && alive "$DIR/slurmd.pid" &&
-        timeout 5 scontrol show config 2>/dev/null | grep -qE "^ClusterName += $CLUSTER\$"
+        timeout 5 scontrol show config 2>/dev/null | grep -E "^ClusterName += $CLUSTER\$" >/dev/null
 }
 
 node_ready() {
-    ours && timeout 5 sinfo -h -N -o '%T' 2>/dev/null | grep -qE '^(idle|mixed|allocated)'
+    ours && timeout 5 sinfo -h -N -o '%T' 2>/dev/null | grep -E '^(idle|mixed|allocated)' >/dev/null
 }
 
 free_port() { # port, variable that sets it, daemon: fail unless the port is free

@@ -25,7 +25,7 @@ log() { echo "neighbour.sh: $*" >&2; }
 command -v slurmctld >/dev/null || { log "no slurmctld: run tests/slurm/cluster.sh once to install Slurm"; exit 2; }
 [ -e "$CONF" ] && { log "$CONF exists: this machine has a Slurm of its own; not touching it"; exit 2; }
 for port in 6817 6818; do
-    if ss -Hltn "sport = :$port" 2>/dev/null | grep -q .; then log "port $port is taken"; exit 2; fi
+    if ss -Hltn "sport = :$port" 2>/dev/null | grep . >/dev/null; then log "port $port is taken"; exit 2; fi
 done
 
 host="$(hostname -s)"
@@ -88,10 +88,10 @@ fi
 slurmctld -i
 slurmd
 for _ in $(seq 600); do
-    sinfo -h -N -o '%T' 2>/dev/null | grep -qE '^(idle|mixed)' && break
+    sinfo -h -N -o '%T' 2>/dev/null | grep -E '^(idle|mixed)' >/dev/null && break
     sleep 0.2
 done
-sinfo -h -N -o '%T' | grep -qE '^(idle|mixed)' || { log "the neighbour's node did not come up"; exit 1; }
+sinfo -h -N -o '%T' | grep -E '^(idle|mixed)' >/dev/null || { log "the neighbour's node did not come up"; exit 1; }
 # One job running and one waiting behind it (two CPUs each on a two-CPU node).
 sbatch --quiet -o /dev/null -J neighbour-running -c 2 --wrap 'sleep 100000' >/dev/null
 sbatch --quiet -o /dev/null -J neighbour-pending -c 2 --wrap 'sleep 100000' >/dev/null
