@@ -183,24 +183,27 @@ class ChildError(RuntimeError):
     pass
 
 
+def proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """A process's state letter, parent and session from /proc; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            # The command name is in parentheses and may hold anything: split after its end.
+            state, ppid, _pgid, sid = f.read().rsplit(b")", 1)[1].split()[:4]
+        return state.decode(errors="replace"), int(ppid), int(sid)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _describe_processes(pid: int) -> str:
     """Where a hung child and the processes it started wait (state, and the kernel function each
     sleeps in): what a timeout needs to be diagnosed from a CI log alone. Its descendants, and
     its whole session if it leads one (a grandchild whose parent died is still in it). Linux's
     /proc only; a process that goes meanwhile is left out."""
-    stats: dict[int, tuple[str, int, int]] = {}  # pid -> state, ppid, session
     try:
         names = [name for name in os.listdir("/proc") if name.isdigit()]
     except OSError:
         return "(no /proc: its processes cannot be listed)"
-    for name in names:
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                # The command name is in parentheses and may hold anything: split after its end.
-                state, ppid, _pgid, sid = f.read().rsplit(b")", 1)[1].split()[:4]
-            stats[int(name)] = (state.decode(errors="replace"), int(ppid), int(sid))
-        except (OSError, ValueError, IndexError):
-            continue
+    stats = {int(name): stat for name in names if (stat := proc_stat(int(name))) is not None}
     shown = {pid}
     if stats.get(pid, ("", 0, 0))[2] == pid:
         shown |= {p for p, (_, _, sid) in stats.items() if sid == pid}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lifeguard.demo import ChildResult, drive, run_child
+from lifeguard.demo import ChildResult, drive, proc_stat, run_child
 from lifeguard.demo import wait_gone as demo_wait_gone
 from lifeguard.forkserver import ForkServer
 from lifeguard.localserver import MlflowServer
@@ -169,12 +169,12 @@ def wait_blocked(pid: int, where: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     seen = "nothing"
     while True:
+        stat = proc_stat(pid)
+        state = "gone" if stat is None else stat[0]
         try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0].decode()
             with open(f"/proc/{pid}/wchan") as f:
                 seen = f"state {state}, in {f.read()!r}"
-        except (OSError, IndexError):
+        except OSError:
             state = "gone"
         assert state not in ("gone", "Z", "X"), f"{pid} ended before it blocked in {where!r}"
         if state == "S" and where in seen:

@@ -99,7 +99,6 @@ def test_every_run_of_the_process_is_ended(scenario: Scenario, store: Store, run
 
 def test_forked_children_never_run_the_parents_finalizers(scenario: Scenario, store: Store) -> None:
     """Ctrl-C in a terminal sends SIGINT to the whole process group, DataLoader workers included."""
-
     result = scenario.run(
         "--path", "SIGINT", "--fork", send=(signal.SIGINT,), to_group=True,
         after_ready=lambda ready: wait_blocked(int(ready["pid"]), "pipe_read"),  # type: ignore[call-overload]
