@@ -127,14 +127,27 @@ def child_env(store: Store, **extra: str) -> dict[str, str]:
 
 def sweep(store: Store) -> None:
     """``lifeguard sweep`` as a user runs it after the fact: it replays the journal."""
-    done = subprocess.run(
-        [sys.executable, "-m", "lifeguard", "sweep", "--tracking-uri", store.uri],
-        env=child_env(store),
-        capture_output=True,
-        text=True,
-        timeout=CHILD_TIMEOUT,
-    )
+    done = lifeguard_cli("sweep", "--tracking-uri", store.uri, env=child_env(store))
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def lifeguard_cli(
+    *args: str,
+    env: dict[str, str] | None = None,
+    timeout: float = CHILD_TIMEOUT,
+    cwd: Path | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """``python -m lifeguard ARGS`` run to its end, its output captured: forked from the warm
+    interpreter (tests/zygote.py) where ``env`` allows it, else started cold. A sweep is a
+    short program that imports mlflow and asks a store: cold, ~4 s of CPU, most of it the
+    import; the tests run ~80 of them. ``env`` defaults to a child's (:func:`_base_env`). A
+    test of the CLI's own start (a bad option, what a bad URI prints) runs it cold itself."""
+    env = _base_env() if env is None else env
+    cmd = [sys.executable, "-m", "lifeguard", *args]
+    if WARM.takes(env):
+        done = WARM.run(cmd, env, timeout=timeout, cwd=cwd and str(cwd), expect_ready=False)
+        return subprocess.CompletedProcess(cmd, done.returncode, done.stdout, done.stderr)
+    return subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
 def without_and_with(
@@ -228,10 +241,11 @@ class WarmInterpreter:
         return True
 
     def run(self, cmd: list[str], env: dict[str, str], **kwargs: object) -> ChildResult:
-        """:func:`run_child` for ``[sys.executable, PROGRAM, *ARGS]``, forked."""
+        """:func:`run_child` for ``[sys.executable, PROGRAM, *ARGS]`` (or ``[sys.executable,
+        "-m", MODULE, *ARGS]``), forked."""
         import time
 
-        assert cmd[0] == sys.executable and cmd[1].endswith(".py"), cmd
+        assert cmd[0] == sys.executable and (cmd[1].endswith(".py") or cmd[1] == "-m"), cmd
         if self.server is None:
             zygote = str(Path(__file__).parent / "zygote.py")
             self.server = ForkServer([sys.executable, zygote], self.env)
@@ -246,13 +260,21 @@ class WarmInterpreter:
     def close(self) -> None:
         if self.server is not None:
             self.server.close()
+            self.server = None
+
+
+# One per pytest worker, its fork server started on first use: shared by the tests' programs
+# (the ``warm`` fixture) and their sweeps (:func:`lifeguard_cli`), closed as the session ends.
+WARM = WarmInterpreter()
+
+
+def pytest_sessionfinish() -> None:
+    WARM.close()
 
 
 @pytest.fixture(scope="session")
-def warm() -> Iterator[WarmInterpreter]:
-    interpreter = WarmInterpreter()
-    yield interpreter
-    interpreter.close()
+def warm() -> WarmInterpreter:
+    return WARM
 
 
 class Scenario:

@@ -26,7 +26,15 @@ from mlflow.tracking import MlflowClient
 
 from lifeguard.journal import Entry, Journal
 from lifeguard.owner import Owner, process_start_time
-from tests.conftest import CHILD_TIMEOUT, CHILDREN, Scenario, Store, child_env, wait_gone
+from tests.conftest import (
+    CHILD_TIMEOUT,
+    CHILDREN,
+    Scenario,
+    Store,
+    child_env,
+    lifeguard_cli,
+    wait_gone,
+)
 from tests.namespaces import NS, require_unshare
 from tests.servers import MlflowServer
 from tests.test_containers import NS_INIT, InNamespace
@@ -169,9 +177,7 @@ def test_the_sweeps_counts_are_the_requests_it_made(server: MlflowServer, tmp_pa
                            "boot_id": alive.boot_id, "pid_ns": alive.pid_ns},
             }))  # fmt: skip
             path.chmod(0o600)
-        done = subprocess.run(
-            sweep_cmd(recorder.uri, journal), capture_output=True, text=True, timeout=300
-        )
+        done = lifeguard_cli(*sweep_cmd(recorder.uri, journal)[3:], timeout=300)
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout)["journal"]["waiting"] == 3
         assert recorder.requests == [] or all(
@@ -184,9 +190,7 @@ def test_the_sweeps_counts_are_the_requests_it_made(server: MlflowServer, tmp_pa
         sleeper.wait(60)
         recorder.mode = "deny-writes"
         recorder.requests.clear()
-        done = subprocess.run(
-            sweep_cmd(recorder.uri, journal), capture_output=True, text=True, timeout=300
-        )
+        done = lifeguard_cli(*sweep_cmd(recorder.uri, journal)[3:], timeout=300)
         assert done.returncode == 1, done.stderr
         counts = json.loads(done.stdout)["journal"]
         assert (counts["journaled"], counts["not sent"]) == (1, 2), counts

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from lifeguard.demo import run_child
-from tests.conftest import CHILD_TIMEOUT, Store, child_env
+from tests.conftest import CHILD_TIMEOUT, Store, child_env, lifeguard_cli
 from tests.namespaces import NS, require_unshare
 
 pytestmark = pytest.mark.slow
@@ -236,13 +236,10 @@ def test_a_crash_message_with_credentials_is_redacted_in_tags_and_journal(
     assert entry.exists(), result.stderr
     text = entry.read_text()
     # Now land it, as the sweep would, and look at what the server got.
-    done = subprocess.run(
-        [sys.executable, "-m", "lifeguard", "sweep", "--tracking-uri", store.uri],
+    done = lifeguard_cli(
+        "sweep", "--tracking-uri", store.uri,
         env=child_env(store, MLFLOW_TRACKING_TOKEN=SECRET_TOKEN),
-        capture_output=True,
-        text=True,
-        timeout=CHILD_TIMEOUT,
-    )
+    )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert store.status(run_id) == "FAILED"
     reason = lifeguard_tags(store, run_id)["lifeguard.reason"]

@@ -15,7 +15,7 @@ import pytest
 
 from lifeguard.demo import run_child
 from lifeguard.owner import TAG_PID
-from tests.conftest import CHILD_TIMEOUT, Store, child_env
+from tests.conftest import CHILD_TIMEOUT, Store, child_env, lifeguard_cli
 
 pytestmark = pytest.mark.slow
 
@@ -61,13 +61,7 @@ def orphan_run(store: Store) -> str:
 
 
 def sweep(store: Store) -> dict[str, object]:
-    done = subprocess.run(
-        [sys.executable, "-m", "lifeguard", "sweep", "--tracking-uri", store.uri, "--json"],
-        env=child_env(store),
-        capture_output=True,
-        text=True,
-        timeout=CHILD_TIMEOUT,
-    )
+    done = lifeguard_cli("sweep", "--tracking-uri", store.uri, "--json", env=child_env(store))
     assert done.returncode in (0, 1), done.stderr
     return json.loads(done.stdout) if done.stdout.strip() else {}
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -19,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from lifeguard.demo import ChildResult, run_child
-from tests.conftest import CHILD_TIMEOUT, Store, child_env, wait_gone
+from tests.conftest import CHILD_TIMEOUT, Store, child_env, lifeguard_cli, wait_gone
 
 pytestmark = pytest.mark.slow
 
@@ -166,14 +165,7 @@ def test_the_journal_names_each_run_s_own_store(
     assert real.status(run_id) == "RUNNING"
     [entry] = (store.path.parent / "journal").glob("*.json")
     assert json.loads(entry.read_text())["tracking_uri"] == real.uri
-    sweep = subprocess.run(
-        [sys.executable, "-m", "lifeguard", "sweep", "--tracking-uri", real.uri],
-        env=child_env(store),
-        cwd=second,
-        capture_output=True,
-        text=True,
-        timeout=CHILD_TIMEOUT,
-    )
+    sweep = lifeguard_cli("sweep", "--tracking-uri", real.uri, env=child_env(store), cwd=second)
     assert sweep.returncode == 0, sweep.stdout + sweep.stderr
     assert real.status(run_id) == "KILLED"
     assert not (second / "mlflow.db").exists()

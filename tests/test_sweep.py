@@ -18,7 +18,7 @@ from mlflow.tracking import MlflowClient
 
 from lifeguard import demo
 from lifeguard.sweep import END, RunFacts, decide, parse_duration
-from tests.conftest import CHILDREN, Store, child_env
+from tests.conftest import CHILDREN, Store, child_env, lifeguard_cli
 from tests.servers import FaultProxy, MlflowServer
 
 HOUR_MS = 3_600_000
@@ -179,11 +179,9 @@ def server(mlflow_server: MlflowServer) -> MlflowServer:
 def run_sweep(
     uri: str, *args: str, journal: Path, env: dict[str, str] | None = None, timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "lifeguard", "sweep", "--tracking-uri", uri, "--json",
-         "--timeout", "5", "--journal-dir", str(journal), *args],
-        capture_output=True, text=True, timeout=timeout,
-        env=env or {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")},
+    return lifeguard_cli(
+        "sweep", "--tracking-uri", uri, "--json", "--timeout", "5", "--journal-dir", str(journal),
+        *args, env=env, timeout=timeout,
     )  # fmt: skip
 
 

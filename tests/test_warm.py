@@ -10,12 +10,21 @@ under tests/zygote.py's top level, so a traceback shows that frame first.
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 
 import pytest
 
 from lifeguard import demo
-from tests.conftest import CHILD_TIMEOUT, CHILDREN, Scenario, Store, WarmInterpreter, child_env
+from tests.conftest import (
+    CHILD_TIMEOUT,
+    CHILDREN,
+    Scenario,
+    Store,
+    WarmInterpreter,
+    child_env,
+    lifeguard_cli,
+)
 
 PROGRAM = str(CHILDREN / "program.py")
 # The frame tests/zygote.py adds to a forked child's traceback: its line, and the source line.
@@ -114,6 +123,42 @@ def test_a_forked_child_sees_its_own_argv_path_and_main(
     assert forked.ready == cold.ready
     assert forked.ready["argv"] == [str(program), "a", "b"]
     assert forked.ready["same"] is True
+
+
+def test_a_forked_module_sees_what_python_m_gives_it(
+    store: Store, warm: WarmInterpreter, tmp_path: object
+) -> None:
+    """``python -m MODULE`` (the tests' sweeps, conftest.lifeguard_cli) gives the module its
+    argv (its own path first), the working directory as sys.path[0], ``__main__`` as its name
+    and a namespace that holds nothing of the zygote's; its exit code is SystemExit's."""
+    from pathlib import Path
+
+    (Path(str(tmp_path)) / "probe_m.py").write_text(
+        "import os, sys\n"
+        "from lifeguard import demo\n"
+        "demo.announce(argv=sys.argv, path0=sys.path[0], file=__file__, name=__name__,\n"
+        "              spec=__spec__.name, same=sys.modules['__main__'].__dict__ is globals(),\n"
+        "              names=sorted(globals()), cwd=os.getcwd())\n"
+        "sys.exit(int(sys.argv[1]))\n"
+    )
+    env = child_env(store)
+    cmd = [sys.executable, "-m", "probe_m", "3", "b"]
+    forked = warm.run(cmd, env, timeout=CHILD_TIMEOUT, cwd=str(tmp_path))
+    cold = demo.run_child(cmd, env=env, timeout=CHILD_TIMEOUT, cwd=str(tmp_path))
+    assert forked.returncode == cold.returncode == 3, (cold, forked)
+    assert forked.ready == cold.ready
+    assert forked.ready["argv"] == [str(Path(str(tmp_path)) / "probe_m.py"), "3", "b"]
+    assert forked.ready["same"] is True
+    # The CLI itself, refusing an option: the same code, the same single line.
+    args = ("sweep", "--tracking-uri", store.uri, "--stale-after", "soon")
+    assert warm.takes(env)
+    forked_cli = lifeguard_cli(*args, env=env)
+    cold_cli = subprocess.run(
+        [sys.executable, "-m", "lifeguard", *args], env=env, capture_output=True, text=True,
+        timeout=CHILD_TIMEOUT,
+    )  # fmt: skip
+    assert (forked_cli.returncode, forked_cli.stderr) == (cold_cli.returncode, cold_cli.stderr)
+    assert forked_cli.returncode == 2 and "--stale-after" in forked_cli.stderr
 
 
 def test_a_forked_child_has_mlflow_as_an_execd_one_imports_it(

@@ -1,7 +1,8 @@
 """The tests' warm interpreter: ``python tests/zygote.py FD`` is a :mod:`lifeguard.forkserver`
 that has imported what the child programs import (mlflow, its sqlite store and MLflow's context
-providers, git, psutil), and runs each forked child's program as ``python PROGRAM ARGS`` would:
-in ``__main__``'s namespace, emptied, as the interpreter's top level. One frame differs: the
+providers, git, psutil), and runs each forked child's program as ``python PROGRAM ARGS`` (or
+``python -m MODULE ARGS``: the lifeguard CLI's sweeps) would: in ``__main__``'s namespace, emptied,
+as the interpreter's top level. One frame differs: the
 program's top level runs under this script's, so a traceback shows that frame first and
 lifeguard's ``ending`` judges this frame as the bottom of the stack (conftest.py sends a program
 whose top level raises SystemExit itself to a cold start). conftest.py decides which children
@@ -21,10 +22,13 @@ def _preload() -> None:
 
 def _become(request: dict[str, object]) -> tuple[object, dict[str, object]]:
     """This module's namespace, emptied and made the program's, and the program's code: what
-    ``python PROGRAM`` gives the program's top level."""
+    ``python PROGRAM`` gives the program's top level, or ``python -m MODULE`` (argv ``["-m",
+    MODULE, ...]``) its module's."""
     import importlib.machinery
     import os
 
+    if sys.argv[0] == "-m":
+        return _become_module(sys.argv[1])
     path = os.path.abspath(str(sys.argv[0]))  # CPython's __file__ for a script, since 3.9
     with open(path, "rb") as f:
         code = compile(f.read(), path, "exec", dont_inherit=True)
@@ -43,6 +47,22 @@ def _become(request: dict[str, object]) -> tuple[object, dict[str, object]]:
         fresh["__annotations__"] = {}
     namespace.clear()
     namespace.update(fresh)
+    return code, namespace
+
+
+def _become_module(module: str) -> tuple[object, dict[str, object]]:
+    """``python -m MODULE ARGS``: what CPython's main does, through the same runpy function.
+    argv becomes ``["-m", ARGS...]`` (runpy puts the module's path in its place), the working
+    directory heads sys.path, and the module runs in ``__main__``'s namespace, emptied."""
+    import os
+
+    del sys.argv[1]
+    sys.path[0] = os.getcwd()
+    namespace = globals()
+    fresh = {key: value for key, value in namespace.items() if key.startswith("__")}
+    namespace.clear()
+    namespace.update(fresh)
+    code = compile(f"__import__('runpy')._run_module_as_main({module!r})", "<zygote: -m>", "exec")
     return code, namespace
 
 
