@@ -45,6 +45,12 @@ def shows_lifeguard(text: str) -> bool:
     return "lifeguard" in text
 
 
+# MLflow's telemetry is off while a test runs (it reads PYTEST_CURRENT_TEST), but not while pytest
+# collects: the first `import mlflow` of a test module wrote ~/.config/mlflow/telemetry.json in
+# the contributor's real home, a change outside .tox. Off for this process, before any import of
+# mlflow; the children's environments drop every MLFLOW_ variable (_base_env) and keep theirs.
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
 # The environment pytest started with, before any test's monkeypatch: the warm interpreter's.
 _STARTING_ENVIRON = dict(os.environ)
 

@@ -248,3 +248,30 @@ def test_a_status_that_cannot_be_kept_is_one_line_that_says_what_happens(
     assert "could not be journaled" in lines[0]
     assert "stays RUNNING until `lifeguard sweep` ends it" in lines[0]
     assert store.status(str(result.ready["run_id"])) == "RUNNING"
+
+
+# The variables by which MLflow's telemetry tells a CI machine or a running test (and stays off).
+_CI_MARKERS = ("CI", "GITHUB_ACTIONS", "GITLAB_CI", "JENKINS_URL", "BUILDKITE", "TF_BUILD")
+
+
+def test_collecting_the_suite_writes_nothing_in_the_home(tmp_path: Path) -> None:
+    """`tox` changes nothing outside .tox. pytest's collection imports mlflow (test modules do,
+    at their top) before any test runs, when MLflow's telemetry does not know it is under pytest:
+    it wrote ~/.config/mlflow/telemetry.json in the contributor's home. Collected here as on a
+    contributor's machine: not in CI, and in a home of its own."""
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("MLFLOW_", "PYTEST_", "DO_NOT_TRACK")) and k not in _CI_MARKERS
+    }
+    env["HOME"] = str(home)
+    repo = Path(__file__).parent.parent
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+         "tests/test_containers.py"],
+        cwd=repo, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(str(p.relative_to(home)) for p in home.rglob("*")) == []
