@@ -1,9 +1,9 @@
 """The tests' warm interpreter: ``python tests/zygote.py FD`` is a :mod:`lifeguard.forkserver`
 that has imported what the child programs import (mlflow, its sqlite store and MLflow's context
 providers, git, psutil), and runs each forked child's program as ``python PROGRAM ARGS`` (or
-``python -m MODULE ARGS``: the lifeguard CLI's sweeps) would: in ``__main__``'s namespace, emptied,
-as the interpreter's top level. One frame differs: the
-program's top level runs under this script's, so a traceback shows that frame first and
+``python -m MODULE ARGS``: the lifeguard CLI's sweeps) would: in ``__main__``'s namespace,
+emptied, as the interpreter's top level. One frame differs: the program's top level runs under
+this script's, so a traceback shows that frame first and
 lifeguard's ``ending`` judges this frame as the bottom of the stack (conftest.py sends a program
 whose top level raises SystemExit itself to a cold start). conftest.py decides which children
 may be forked (see ``Scenario.run``); a child program that must start cold (the import order
