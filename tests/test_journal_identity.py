@@ -50,9 +50,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
     srv.stop()
 
 
+def sweep_args(uri: str, journal: Path) -> list[str]:
+    return ["sweep", "--tracking-uri", uri, "--json", "--timeout", "10",
+            "--journal-dir", str(journal)]  # fmt: skip
+
+
 def sweep_cmd(uri: str, journal: Path) -> list[str]:
-    return [sys.executable, "-m", "lifeguard", "sweep", "--tracking-uri", uri, "--json",
-            "--timeout", "10", "--journal-dir", str(journal)]  # fmt: skip
+    return [sys.executable, "-m", "lifeguard", *sweep_args(uri, journal)]
 
 
 def writes(recorder: Recorder, endpoint: str) -> int:
@@ -177,7 +181,7 @@ def test_the_sweeps_counts_are_the_requests_it_made(server: MlflowServer, tmp_pa
                            "boot_id": alive.boot_id, "pid_ns": alive.pid_ns},
             }))  # fmt: skip
             path.chmod(0o600)
-        done = lifeguard_cli(*sweep_cmd(recorder.uri, journal)[3:], timeout=300)
+        done = lifeguard_cli(*sweep_args(recorder.uri, journal), timeout=300)
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout)["journal"]["waiting"] == 3
         assert recorder.requests == [] or all(
@@ -190,7 +194,7 @@ def test_the_sweeps_counts_are_the_requests_it_made(server: MlflowServer, tmp_pa
         sleeper.wait(60)
         recorder.mode = "deny-writes"
         recorder.requests.clear()
-        done = lifeguard_cli(*sweep_cmd(recorder.uri, journal)[3:], timeout=300)
+        done = lifeguard_cli(*sweep_args(recorder.uri, journal), timeout=300)
         assert done.returncode == 1, done.stderr
         counts = json.loads(done.stdout)["journal"]
         assert (counts["journaled"], counts["not sent"]) == (1, 2), counts
