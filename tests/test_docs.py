@@ -216,7 +216,9 @@ def check_script(argv: list[str]) -> str | None:
     if not script.is_file():
         return f"no script {argv[0]}"
     source = script.read_text()
-    missing = [a.split("=")[0] for a in argv[1:] if a.startswith("--")]
+    # After a bare "--" the arguments are another program's (suite_cpu.py hands them to pytest).
+    own = argv[1 : argv.index("--")] if "--" in argv else argv[1:]
+    missing = [a.split("=")[0] for a in own if a.startswith("--")]
     missing = [flag for flag in missing if f'"{flag}"' not in source]
     return f"{argv[0]} has no option {', '.join(missing)}" if missing else None
 
@@ -304,6 +306,8 @@ def test_the_checks_themselves_catch_breakage() -> None:
     assert check_command(["tox", "-e", "tests,no-such-env"])
     assert check_command(["tox", "-m", "no-such-label"])
     assert check_command(["python", "scripts/bench.py", "--no-such-flag"])
+    assert check_command(["python", "scripts/suite_cpu.py", "--no-such-flag", "--", "-x"])
+    assert check_command(["python", "scripts/suite_cpu.py", "--top", "9", "--", "--lf"]) is None
     assert check_command(["pip", "install", ".[mlflow,no-such-extra]"])
     assert check_command(["lifeguard", "sweep", "--dry-run"]) is None
     assert check_command(["tox", "-e", "tests", "--", "-k", "sigterm"]) is None

@@ -1,8 +1,8 @@
 """Replay the journal in a process of its own, detached (``lifeguard.lastgasp`` starts it).
 
 ``python -m lifeguard.guardian.replay``: ``install()``'s replay. Writes every pending status
-whose writer is gone and whose store answers, once, and exits. Its output goes nowhere: the
-program that started it must not see it.
+whose writer is gone and whose store answers, once, as ``replay``, and exits. Its output goes
+nowhere: the program that started it must not see it.
 
 ``python -m lifeguard.guardian.replay --last-gasp --writer PID --wait-fd FD ... -- RUN_ID ...``:
 the replayer a dying program leaves behind for the statuses it could only journal. It:
@@ -18,10 +18,11 @@ the replayer a dying program leaves behind for the statuses it could only journa
 4. exits; whatever is still journaled stays for the next ``install()`` on this machine and
    ``lifeguard sweep``, and it says so in one line.
 
-Its stores: an http(s) server over REST (``rest``, as the watchdog: no mlflow import), an
-absolute sqlite path through the standard library (``sqlitestore``: writing within a second of
-the death, which an import of mlflow alone would take longer than on a loaded machine), anything
-else through mlflow. Its one line goes to the program's stderr when that was a file or a
+Both write through the same stores: an http(s) server over REST (``rest``, as the watchdog: no
+mlflow import), an absolute sqlite path through the standard library (``sqlitestore``: writing
+within a second of the death, which an import of mlflow alone would take longer than on a loaded
+machine; and no import of mlflow beside a program that is starting up), anything else through
+mlflow. Its one line goes to the program's stderr when that was a file or a
 terminal; otherwise (a pipe, which it must not hold open) to ``replayer.log`` in the journal
 directory. It runs in a session of its own: the job's Ctrl-C and a closing terminal miss it. It
 dies with the job where everything in it dies (Slurm's ``proctrack/cgroup``, a whole-container
@@ -56,6 +57,9 @@ BUDGET = 30.0
 ATTEMPT = 5.0
 # The pauses between rounds: doubling from the first, never more than the last.
 BACKOFF = (0.25, 5.0)
+# How long install()'s replay waits for an entry another replay is writing: one attempt of a
+# last gasp, and some.
+CLAIM_WAIT = 10.0
 # Where the one line goes when the program's stderr was a pipe (see lifeguard.lastgasp).
 LOG_NAME = "replayer.log"
 # That file is cut when it grows past this: one line per replayer that gave up.
@@ -70,23 +74,43 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def at_install() -> int:
-    try:
-        from lifeguard.backends.mlflow.runs import replay_journal
-    except ImportError:
-        return 0  # no mlflow here; `lifeguard sweep` elsewhere will do it
+    """Write every pending status whose writer is gone, as the last gasp writes (:class:`_Stores`:
+    sqlite and REST without importing mlflow, which would cost seconds of CPU beside the program
+    starting up), each under the journal's claim, as ``replay``. 1 if any is left pending."""
+    from lifeguard.backends.mlflow.heartbeat import ADOPT_EVERY
+    from lifeguard.journal import GONE, JOURNALED, Journal
+
     # The program that started this replay may be about to resume one of these very runs (a
     # requeued job's next attempt): its heartbeat rewrites the owner tags within ADOPT_EVERY of
-    # the resume, and replay_journal then leaves the run alone. Give it two of those first;
-    # nobody waits on this process.
-    from lifeguard.backends.mlflow.heartbeat import ADOPT_EVERY
-    from lifeguard.journal import Journal
-
+    # the resume, and the write then leaves the run alone (SUPERSEDED). Give it two of those
+    # first; nobody waits on this process.
     time.sleep(2 * ADOPT_EVERY)
-    journal = Journal()
+    give_up = time.monotonic() + BUDGET
     # Reads only the user's own private entries (journal.py): a planted one is refused, never
     # sent anywhere with the user's credentials.
-    counts = replay_journal(journal, budget=BUDGET)
-    pending = counts.get("journaled") or counts.get("failed")
+    journal = Journal()
+    stores = _Stores()
+    dead: set[str] = set()  # stores that failed once: not asked again in this replay
+    pending = False
+    try:
+        for entry in journal.entries():
+            if entry.writer_alive() is True:
+                continue  # it may still be finalizing: it writes this itself, or its guardian
+            if entry.tracking_uri in dead or time.monotonic() >= give_up:
+                pending = True
+                continue
+            with journal.claim(entry, wait=CLAIM_WAIT) as claim:
+                if claim.state == GONE or claim.entry is None:
+                    continue  # written by another replay, or being written by one now
+                try:
+                    result, _ = stores.apply(claim.entry.written_by("replay"), journal, give_up)
+                except ImportError:
+                    result = JOURNALED  # a store only mlflow can write, and no mlflow here
+            if result == JOURNALED:
+                dead.add(entry.tracking_uri)
+                pending = True
+    finally:
+        stores.close()
     return 1 if pending or journal.refused else 0
 
 
@@ -446,7 +470,8 @@ def _rest_state(store: rest.RestStore, entry: Entry) -> str | None:
         for tag in (raw if isinstance(raw, list) else [])
         if isinstance(tag, dict)
     }
-    return SUPERSEDED if adopted_since(status, tags, entry.pid, entry.end_time) else RUNNING
+    adopted = adopted_since(status, tags, entry.pid, entry.end_time, entry.writer)
+    return SUPERSEDED if adopted else RUNNING
 
 
 class _Errors:

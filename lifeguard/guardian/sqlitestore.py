@@ -1,8 +1,9 @@
 """Ending a run on an MLflow sqlite store with the standard library's ``sqlite3``, without mlflow.
 
-The last-gasp replayer (``lifeguard.guardian.replay``) writes a dead program's journaled statuses
-the moment it is gone. Through mlflow, that first costs an import of mlflow and SQLAlchemy: 1.5 s
-of CPU on a quiet machine, 7 s measured on a loaded 2-core one, all of it after the death. The
+The replayers (``lifeguard.guardian.replay``: the last gasp's, and install()'s) write journaled
+statuses: the last gasp's the moment its program is gone. Through mlflow, that first costs an
+import of mlflow and SQLAlchemy: 1.5 s of CPU on a quiet machine, 7 s measured on a loaded 2-core
+one, all of it after the death (or beside a program starting up, for install()'s). The
 ending itself is what ``lifeguard.backends.mlflow.sql`` writes through MLflow's own table models,
 one transaction: ``UPDATE runs SET status, end_time WHERE run_uuid = ? AND status = 'RUNNING'
 AND lifecycle_stage = 'active'`` (the check and the write at once: an ended run is never
@@ -136,7 +137,7 @@ class SqliteStore:
                         (entry.run_id, *keys),
                     ).fetchall()
                 )
-                if adopted_since(status, tags, entry.pid, entry.end_time):
+                if adopted_since(status, tags, entry.pid, entry.end_time, entry.writer):
                     db.execute("ROLLBACK")
                     return SUPERSEDED
                 db.execute(
