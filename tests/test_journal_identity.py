@@ -323,6 +323,56 @@ def test_a_replay_says_it_wrote_the_status(scenario: Scenario, store: Store) -> 
     assert run.data.tags["lifeguard.ended_by"] == "replay"
 
 
+def _flocked_by(pid: int, path: Path) -> bool:
+    """Whether ``pid`` holds an flock on ``path`` (/proc/locks: the journal's claim on an entry)."""
+    inode = path.stat().st_ino
+    with open("/proc/locks") as f:
+        for line in f:
+            fields = line.split()
+            if fields[1] == "FLOCK" and fields[4] == str(pid) and fields[5].endswith(f":{inode}"):
+                return True
+    return False
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_install_s_replay_waits_out_a_store_locked_for_seconds(store: Store) -> None:
+    """A sqlite store locked for longer than a last gasp's attempt (5 s: another writer, a slow
+    disk): nobody waits on install()'s replay, so it waits as MLflow's own client would, and
+    writes the status once the lock is released."""
+    import sqlite3
+
+    journal = store.path.parent / "journal"
+    run_id = store.client.create_run("0").info.run_id
+    Journal(str(journal)).write(
+        Entry(run_id, store.uri, "KILLED", 1_000, {"lifeguard.ended_by": "process"}, pid=1 << 30)
+    )
+    entry_file = next(journal.glob(f"{run_id}*.json"))
+    other = sqlite3.connect(str(store.path), isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another writer holds the lock
+    replay = subprocess.Popen(
+        [sys.executable, "-m", "lifeguard.guardian.replay"],
+        env=child_env(store), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + CHILD_TIMEOUT
+        # The replay claims the entry, then meets the lock: from then on it is waiting on it.
+        while not _flocked_by(replay.pid, entry_file):
+            assert replay.poll() is None, replay.communicate()
+            assert time.monotonic() < deadline, "the replay never claimed the entry"
+            time.sleep(0.05)  # polling a condition with a deadline
+        time.sleep(7)  # the lock, held 7 s more: the scenario itself (more than 5 s)
+        assert replay.poll() is None, replay.communicate()
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    _, err = replay.communicate(timeout=CHILD_TIMEOUT)
+    assert replay.returncode == 0, err
+    run = store.run(run_id)
+    assert run.info.status == "KILLED" and run.info.end_time == 1_000
+    assert not list(journal.glob("*.json"))
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_watchdog_that_writes_the_programs_journaled_status_says_so(

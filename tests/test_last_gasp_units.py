@@ -160,3 +160,22 @@ def test_the_backlog_is_merged_per_run_without_a_key_twice() -> None:
         ("r1", FLUSH_CHUNK), ("r1", 5), ("r2", 1), ("r2", 2), ("r1", 1),
     ]  # fmt: skip
     assert sum(len(c.batches) for c in chunks) == len(batches)
+
+
+def test_a_sqlite_without_upsert_sends_the_replay_down_the_mlflow_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tag write is an upsert (SQLite 3.24, 2018); an older SQLite (CentOS 7 ships 3.7)
+    would fail every write and keep the statuses journaled for good: the store says it is not
+    one sqlitestore can write, and the replayers take the mlflow path (SQLAlchemy's writes)."""
+    import sqlite3
+
+    from lifeguard.guardian import sqlitestore
+
+    path = tmp_path / "mlflow.db"
+    sqlite3.connect(str(path)).close()
+    store = sqlitestore.SqliteStore(f"sqlite:///{path}")
+    monkeypatch.setattr(sqlite3, "sqlite_version_info", (3, 22, 0))
+    monkeypatch.setattr(sqlite3, "sqlite_version", "3.22.0")
+    with pytest.raises(sqlitestore.SchemaError, match=r"SQLite 3\.22\.0 has no upsert"):
+        store.check()

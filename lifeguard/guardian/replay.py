@@ -48,10 +48,12 @@ if TYPE_CHECKING:
 
     Store = rest.RestStore | SqliteStore | _MlflowStore
 
-__all__ = ["BUDGET", "main"]
+__all__ = ["INSTALL_ATTEMPT", "main"]
 
-# Seconds for the whole of install()'s replay: a dead server is given up on for this round.
-BUDGET = 30.0
+# Seconds for one attempt of install()'s replay at one entry (a request, a wait on sqlite's
+# lock): a store that does not answer within it is given up on for this round. Nobody waits on
+# this replay, so it is as patient as MLflow's own client would be (its 20 s sqlite busy wait).
+INSTALL_ATTEMPT = 30.0
 # One attempt of the last gasp at one entry: a request (connect, send, each read) or a wait on
 # sqlite's lock. A server that comes back is seen within this plus the pause between rounds.
 ATTEMPT = 5.0
@@ -76,7 +78,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def at_install() -> int:
     """Write every pending status whose writer is gone, as the last gasp writes (:class:`_Stores`:
     sqlite and REST without importing mlflow, which would cost seconds of CPU beside the program
-    starting up), each under the journal's claim, as ``replay``. 1 if any is left pending."""
+    starting up), each under the journal's claim, as ``replay``. Each attempt may take
+    :data:`INSTALL_ATTEMPT`, the whole replay as long as its entries need: only a store that
+    failed is given up on, for this round. 1 if any is left pending."""
     from lifeguard.backends.mlflow.heartbeat import ADOPT_EVERY
     from lifeguard.journal import GONE, JOURNALED, Journal
 
@@ -85,25 +89,25 @@ def at_install() -> int:
     # the resume, and the write then leaves the run alone (SUPERSEDED). Give it two of those
     # first; nobody waits on this process.
     time.sleep(2 * ADOPT_EVERY)
-    give_up = time.monotonic() + BUDGET
     # Reads only the user's own private entries (journal.py): a planted one is refused, never
     # sent anywhere with the user's credentials.
     journal = Journal()
-    stores = _Stores()
+    stores = _Stores(attempt=INSTALL_ATTEMPT)
     dead: set[str] = set()  # stores that failed once: not asked again in this replay
     pending = False
     try:
         for entry in journal.entries():
             if entry.writer_alive() is True:
                 continue  # it may still be finalizing: it writes this itself, or its guardian
-            if entry.tracking_uri in dead or time.monotonic() >= give_up:
+            if entry.tracking_uri in dead:
                 pending = True
                 continue
             with journal.claim(entry, wait=CLAIM_WAIT) as claim:
                 if claim.state == GONE or claim.entry is None:
                     continue  # written by another replay, or being written by one now
                 try:
-                    result, _ = stores.apply(claim.entry.written_by("replay"), journal, give_up)
+                    entry_now = claim.entry.written_by("replay")
+                    result, _ = stores.apply(entry_now, journal, give_up=float("inf"))
                 except ImportError:
                     result = JOURNALED  # a store only mlflow can write, and no mlflow here
             if result == JOURNALED:
@@ -361,9 +365,10 @@ class _Stores:
     """The store for each URI, made once: REST for an http(s) server, the standard library's
     sqlite3 for an absolute sqlite path, mlflow for anything else (imported only then)."""
 
-    def __init__(self) -> None:
+    def __init__(self, attempt: float = ATTEMPT) -> None:
         import contextlib
 
+        self.attempt = attempt  # the longest one attempt at one entry may take
         self.made: dict[str, Store] = {}
         self._exits = contextlib.ExitStack()
         self._bounded = False
@@ -378,7 +383,7 @@ class _Stores:
         from lifeguard.guardian import rest, sqlitestore
 
         if rest.unsupported(uri) is None:
-            return rest.RestStore(uri, rest.Budget(ATTEMPT))
+            return rest.RestStore(uri, rest.Budget(self.attempt))
         if sqlitestore.unsupported(uri) is None:
             store = sqlitestore.SqliteStore(uri)
             try:
@@ -396,7 +401,7 @@ class _Stores:
 
         if not self._bounded:
             # This process's own environment: every attempt bounded, no retries of MLflow's.
-            self._exits.enter_context(runs.bounded_http(ATTEMPT))
+            self._exits.enter_context(runs.bounded_http(self.attempt))
             self._bounded = True
         return _MlflowStore(uri)
 
@@ -406,7 +411,7 @@ class _Stores:
         from lifeguard.guardian.sqlitestore import SchemaError, SqliteStore
         from lifeguard.journal import JOURNALED, SUPERSEDED
 
-        attempt = max(0.2, min(ATTEMPT, give_up - time.monotonic()))
+        attempt = max(0.2, min(self.attempt, give_up - time.monotonic()))
         store = self.get(entry.tracking_uri)
         errors = _Errors(store.tracking_uri)
         with errors:

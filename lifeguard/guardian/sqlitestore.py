@@ -40,6 +40,8 @@ PREFIX = "sqlite:///"
 # The columns read or written here; a store without any of them is not one this module knows.
 RUN_COLUMNS = frozenset({"run_uuid", "status", "end_time", "lifecycle_stage"})
 TAG_COLUMNS = frozenset({"key", "value", "run_uuid"})
+# The first SQLite with INSERT ... ON CONFLICT DO UPDATE; an older one takes the mlflow path.
+UPSERT_SINCE = (3, 24, 0)
 # The smallest tag-value limit any MLflow release had, should the column not declare one.
 DEFAULT_TAG_LIMIT = 5000
 
@@ -162,7 +164,10 @@ class SqliteStore:
 
 
 def _check(db: sqlite3.Connection) -> int:
-    """The tag-value limit, after checking both tables have the columns used here."""
+    """The tag-value limit, after checking both tables have the columns used here (and that this
+    SQLite has the upsert the tag write uses: 3.24, 2018; CentOS 7 ships 3.7)."""
+    if sqlite3.sqlite_version_info < UPSERT_SINCE:
+        raise SchemaError(f"SQLite {sqlite3.sqlite_version} has no upsert (3.24 or later)")
     runs = {row[1] for row in db.execute("PRAGMA table_info(runs)")}
     tag_rows = list(db.execute("PRAGMA table_info(tags)"))
     tags = {row[1] for row in tag_rows}
