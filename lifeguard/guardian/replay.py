@@ -105,6 +105,8 @@ def at_install() -> int:
             with journal.claim(entry, wait=CLAIM_WAIT) as claim:
                 if claim.state == GONE or claim.entry is None:
                     continue  # written by another replay, or being written by one now
+                if claim.entry.writer_alive() is True:
+                    continue  # journaled again since the listing, by a process still running
                 try:
                     entry_now = claim.entry.written_by("replay")
                     result, _ = stores.apply(entry_now, journal, give_up=float("inf"))
