@@ -546,6 +546,9 @@ def _note_kept(path: str) -> None:
 HELD = "held"  # the entry is ours to write until the claim is released
 GONE = "gone"  # no entry any more: someone wrote it meanwhile (or it was set aside)
 BUSY = "busy"  # another replay holds it, still after the wait
+# How long a replay (install()'s, the sweep's) waits for an entry another one is writing: one
+# attempt of a last-gasp replayer (lifeguard.guardian.replay.ATTEMPT, 5 s), and some.
+CLAIM_WAIT = 10.0
 
 
 class Claim:

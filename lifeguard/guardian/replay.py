@@ -59,9 +59,6 @@ INSTALL_ATTEMPT = 30.0
 ATTEMPT = 5.0
 # The pauses between rounds: doubling from the first, never more than the last.
 BACKOFF = (0.25, 5.0)
-# How long install()'s replay waits for an entry another replay is writing: one attempt of a
-# last gasp, and some.
-CLAIM_WAIT = 10.0
 # Where the one line goes when the program's stderr was a pipe (see lifeguard.lastgasp).
 LOG_NAME = "replayer.log"
 # That file is cut when it grows past this: one line per replayer that gave up.
@@ -82,7 +79,7 @@ def at_install() -> int:
     :data:`INSTALL_ATTEMPT`, the whole replay as long as its entries need: only a store that
     failed is given up on, for this round. 1 if any is left pending."""
     from lifeguard.backends.mlflow.heartbeat import ADOPT_EVERY
-    from lifeguard.journal import GONE, JOURNALED, Journal
+    from lifeguard.journal import CLAIM_WAIT, GONE, JOURNALED, Journal
 
     # The program that started this replay may be about to resume one of these very runs (a
     # requeued job's next attempt): its heartbeat rewrites the owner tags within ADOPT_EVERY of

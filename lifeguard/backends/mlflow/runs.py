@@ -15,6 +15,7 @@ from mlflow.tracking import MlflowClient
 from lifeguard._log import logger
 from lifeguard.journal import (
     ALREADY_ENDED,
+    CLAIM_WAIT,
     ENDED,
     FAILED,
     GONE,
@@ -54,9 +55,6 @@ __all__ = [
 ]
 
 RUNNING = "RUNNING"
-# How long a replay waits for an entry another one is writing: one attempt of a last-gasp
-# replayer (lifeguard.guardian.replay.ATTEMPT, 5 s), and some.
-CLAIM_WAIT = 10.0
 PAGE = 1000  # runs per search request
 EXPERIMENTS_PER_SEARCH = 100
 
