@@ -46,7 +46,7 @@ UNATTRIBUTED = "(outside any test: collection)"
 
 def _note(kind: str, nodeid: str) -> None:
     with open(os.environ[LOG_ENV], "a") as log:  # one short line: one write(2) on O_APPEND
-        log.write(f"{os.getpid()} {kind} {nodeid}\n")
+        log.write(f"{os.getpid()} {time.monotonic():.3f} {kind} {nodeid}\n")
 
 
 @pytest.hookimpl(wrapper=True)
@@ -92,10 +92,15 @@ class Sampler:
         self.log = log
         self.offset = 0
         self.running: dict[int, str] = {}  # pytest worker pid -> the test it runs now
+        self.started: dict[int, float] = {}  # pytest worker pid -> when its test began
+        self.walls: dict[str, float] = {}  # test -> its wall time, setup to teardown
+        self.worker_ends: dict[int, float] = {}  # pytest worker pid -> when its last test ended
         self.seen: dict[int, tuple[int, str, str]] = {}  # pid -> (start time, test, kind)
         self.ticks: dict[int, int] = {}
+        # CPU time in clock ticks (SC_CLK_TCK), as /proc counts it: seconds only in the report.
         self.by_test: collections.Counter[str] = collections.Counter()
         self.by_kind: collections.Counter[str] = collections.Counter()
+        self.by_test_kind: collections.Counter[tuple[str, str]] = collections.Counter()
         self.processes: collections.Counter[str] = collections.Counter()
         self.hz = os.sysconf("SC_CLK_TCK")
         self.me = os.getpid()
@@ -110,11 +115,15 @@ class Sampler:
         complete = text[: text.rfind("\n") + 1]  # a line still being written waits
         self.offset += len(complete.encode())
         for line in complete.splitlines():
-            pid, what, nodeid = line.split(" ", 2)
+            pid, when, what, nodeid = line.split(" ", 3)
             if what == "start":
                 self.running[int(pid)] = nodeid
+                self.started[int(pid)] = float(when)
             else:
                 self.running.pop(int(pid), None)
+                begun = self.started.pop(int(pid), float(when))
+                self.walls[nodeid] = float(when) - begun
+                self.worker_ends[int(pid)] = float(when)
 
     def sample(self) -> None:
         self._read_log()
@@ -137,12 +146,14 @@ class Sampler:
                 known = self.seen[pid] = (start, self._test_of(pid, table), kind_of(_cmdline(pid)))
                 self.processes[known[2]] += 1
                 self.ticks[pid] = 0
-            spent = (ticks - self.ticks.get(pid, 0)) / self.hz
+            spent = ticks - self.ticks.get(pid, 0)
             self.ticks[pid] = ticks
             if spent > 0:
                 # A worker's own time (a test's body, its fixtures) is the test it runs now.
-                self.by_test[self.running.get(pid, known[1])] += spent
+                test = self.running.get(pid, known[1])
+                self.by_test[test] += spent
                 self.by_kind[known[2]] += spent
+                self.by_test_kind[test, known[2]] += spent
         for pid in list(self.seen):
             if pid not in table:
                 del self.seen[pid]
@@ -223,31 +234,43 @@ def main() -> int:
         while pytest.poll() is None:
             sampler.sample()
             time.sleep(args.interval)
-        wall = time.monotonic() - started
+        ended = time.monotonic()
+        wall = ended - started
+        sampler.sample()  # the last tests' ends
         busy = _cores_busy() - cpu_before
 
-    total = sum(sampler.by_kind.values())
+    hz = sampler.hz
+    total = sum(sampler.by_kind.values()) / hz
     cores = os.cpu_count() or 1
     print(
         f"\nsuite_cpu: {wall:.0f} s of wall time; {total:.0f} CPU-s in the suite's processes; "
         f"the machine's {cores} cores {100 * busy / (wall * cores):.0f} % busy"
     )
-    kinds = [(k, s, f"{sampler.processes[k]}p") for k, s in sampler.by_kind.most_common()]
+    kinds = [(k, s / hz, f"{sampler.processes[k]}p") for k, s in sampler.by_kind.most_common()]
     _table("per kind of process (CPU-s, share, processes seen)", kinds, total)
     files: collections.Counter[str] = collections.Counter()
     for test, seconds in sampler.by_test.items():
         files[test.split("::")[0]] += seconds
-    _table("per test file", [(f, s, "") for f, s in files.most_common()], total)
-    top = [(t, s, "") for t, s in sampler.by_test.most_common(args.top)]
-    _table(f"the {len(top)} costliest tests", top, total)
+    _table("per test file", [(f, s / hz, "") for f, s in files.most_common()], total)
+    top = [
+        (t, s / hz, f"{sampler.walls.get(t, 0):.0f} s wall")
+        for t, s in sampler.by_test.most_common(args.top)
+    ]
+    _table(f"the {len(top)} costliest tests (and their wall time)", top, total)
+    # A worker that ran out of tests before the others idles: the suite's tail.
+    ends = sorted(ended - end for end in sampler.worker_ends.values())
+    if ends:
+        print("\nworkers done before the end: " + ", ".join(f"{e:.0f} s" for e in ends))
     if args.json:
         figures = {
             "wall": wall,
             "cpu": total,
             "busy": busy,
-            "by_kind": dict(sampler.by_kind),
+            "by_kind": {k: s / hz for k, s in sampler.by_kind.items()},
             "processes": dict(sampler.processes),
-            "by_test": dict(sampler.by_test),
+            "by_test": {t: s / hz for t, s in sampler.by_test.items()},
+            "wall_by_test": sampler.walls,
+            "by_test_and_kind": [[t, k, s / hz] for (t, k), s in sampler.by_test_kind.items()],
         }
         args.json.write_text(json.dumps(figures, indent=1))
     return pytest.returncode
