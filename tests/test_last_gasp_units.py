@@ -1,5 +1,6 @@
 """The pieces of the last gasp, in-process: what a process knows it left, the journal's claims,
-the bound's validation, and how the flush merges a backlog into requests."""
+the bound's validation, how the flush merges a backlog into requests, and what install()'s
+replay leaves to a process that still runs."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from lifeguard import lastgasp
-from lifeguard.journal import BUSY, GONE, HELD, Entry, Journal
+from lifeguard.journal import BUSY, ENDED, GONE, HELD, Entry, Journal
 
 
 def entry(run_id: str, pid: int | None = None) -> Entry:
@@ -179,3 +181,63 @@ def test_a_sqlite_without_upsert_sends_the_replay_down_the_mlflow_path(
     monkeypatch.setattr(sqlite3, "sqlite_version", "3.22.0")
     with pytest.raises(sqlitestore.SchemaError, match=r"SQLite 3\.22\.0 has no upsert"):
         store.check()
+
+
+@pytest.mark.parametrize("anew", [True, False], ids=["journaled-anew", "as-listed"])
+def test_install_s_replay_leaves_what_a_running_process_journaled_since_the_listing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, anew: bool
+) -> None:
+    """install()'s replay lists a dead writer's entry; by the time it holds the claim, a process
+    that still runs (a resumed attempt) may have journaled that run again. That entry is the
+    running process's to write: the replay leaves it. As listed, it is written."""
+    from lifeguard.guardian import replay
+    from lifeguard.owner import Owner, process_start_time
+
+    monkeypatch.setenv("LIFEGUARD_JOURNAL_DIR", str(tmp_path / "j"))
+    monkeypatch.setattr(replay.time, "sleep", lambda seconds: None)  # no resume to wait for
+    me = Owner.current()
+    # Our pid, with another start time: the process that had this pid before us, gone.
+    dead = Owner(me.host, me.pid, me.start_time - 1000, me.boot_id, me.pid_ns)
+    running = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                               stdin=subprocess.PIPE)  # fmt: skip
+    try:
+        start = process_start_time(running.pid)
+        assert start is not None
+        alive = Owner(me.host, running.pid, start, me.boot_id, me.pid_ns)
+        assert dead.is_alive() is False and alive.is_alive() is True
+        run_id = "2" * 32
+        journal = Journal()
+        journal.write(Entry(run_id, "sqlite:////nowhere/x.db", "KILLED", 1, {}, writer=dead))
+        listed = Journal.entries
+
+        def listed_then_journaled_anew(self: Journal) -> Iterator[Entry]:
+            for e in listed(self):
+                if anew:  # after the listing, before the claim
+                    journal.write(
+                        Entry(run_id, "sqlite:////nowhere/x.db", "FAILED", 2, {}, writer=alive)
+                    )
+                yield e
+
+        written: list[Entry] = []
+
+        def write(self: object, entry: Entry, journal: Journal, give_up: float) -> tuple[str, str]:
+            written.append(entry)
+            journal.remove(entry)
+            return ENDED, ""
+
+        monkeypatch.setattr(Journal, "entries", listed_then_journaled_anew)
+        monkeypatch.setattr(replay._Stores, "apply", write)
+        assert replay.at_install() == 0
+        if anew:
+            assert written == []
+            (left,) = list(listed(journal))
+            assert left.status == "FAILED" and left.writer is not None
+            assert left.writer.same_process(alive)
+        else:
+            assert [(e.run_id, e.status, e.tags.get("lifeguard.ended_by")) for e in written] == [
+                (run_id, "KILLED", "replay")
+            ]
+            assert list(listed(journal)) == []
+    finally:
+        running.kill()
+        running.wait(30)
