@@ -480,7 +480,9 @@ def test_ten_thousand_queued_metrics_send_what_fits_and_count_the_rest(
     """10,000 queued: the flush sends for as long as the deadline leaves (less what the status
     write keeps), the run is KILLED before the deadline, and what did not fit is counted in the
     warning: exactly the values not sent (the request in flight at the cut, FLUSH_CHUNK values
-    at most, may land or not). At the default deadline they all fit here; at 2 s they do not."""
+    at most, may land or not). Whether they fit depends on the machine's speed: at 2 s they did
+    not under load and did on a quiet machine. Either way nothing is lost silently (the warning
+    itself is tested where nothing can be sent: a dead server, and a store that hangs)."""
     install = {} if deadline == 10.0 else {"deadline": deadline}
     result, exited, _, run_id = queued_then_sigterm(store, 10_000, install=install)
     assert result.returncode == -signal.SIGTERM, result.stderr
@@ -490,10 +492,9 @@ def test_ten_thousand_queued_metrics_send_what_fits_and_count_the_rest(
     assert exited < deadline + 1.0, exited
     sent = stored(store.client, run_id)
     match = WARNING.search(result.stderr)
-    if deadline == 10.0 and match is None:
-        assert sent == 10_000, result.stderr
+    if match is None:
+        assert sent == 10_000, result.stderr  # everything fit in the time
     else:
-        assert match, (sent, result.stderr)
         unsent = int(match.group(1))
         assert 10_000 - FLUSH_CHUNK <= sent + unsent <= 10_000, (sent, unsent)
         assert sent > 0
