@@ -266,6 +266,11 @@ class Entry:
         tags = data.get("tags", {})
         if not isinstance(tags, dict) or not all(isinstance(v, str) for v in tags.values()):
             raise ValueError("tags must be a mapping of strings")
+        # JSON carries lone surrogates (a file name that is not UTF-8, in an entry journaled
+        # before Outcome escaped them); no store takes them, and one would fail the write.
+        from lifeguard.outcome import utf8
+
+        tags = {utf8(key): utf8(value) for key, value in tags.items()}
         for key, kind in (("run_id", str), ("tracking_uri", str), ("status", str)):
             if not isinstance(data.get(key), kind):
                 raise ValueError(f"field {key!r} is missing or not a {kind.__name__}")

@@ -76,11 +76,24 @@ def exit_code_of(code: object) -> int:
 
 def safe_str(value: object) -> str:
     """``str(value)``, or a stand-in when its ``__str__`` raises: lifeguard only reads the text
-    for a reason tag, and must never turn the program's exit (or crash) into its own error."""
+    for a reason tag, and must never turn the program's exit (or crash) into its own error.
+    Always encodable as UTF-8: a file name from ``os.listdir`` that is not UTF-8 holds lone
+    surrogates (``\\udcff``), which neither sqlite nor an MLflow server takes; they are written
+    as their escapes."""
     try:
-        return str(value)
+        text = str(value)
     except Exception:  # noqa: BLE001 - anything a user's __str__ may raise
         return f"<unprintable {type(value).__name__} object>"
+    return utf8(text)
+
+
+def utf8(text: str) -> str:
+    """``text`` with whatever UTF-8 cannot encode (lone surrogates) as backslash escapes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 class Outcome:

@@ -58,11 +58,15 @@ class Recorder:
     everything; ``deny`` everything; ``deny-writes`` forwards reads and searches only;
     ``deny-status`` denies only status writes (``runs/update``). A denial is
     a 403 whose text quotes what it was sent, credentials included, as careless servers and
-    proxies do: the secrets must still not come out of lifeguard."""
+    proxies do: the secrets must still not come out of lifeguard. Apart from the mode, the next
+    ``spoil_reads`` run reads (``runs/get``) are spoilt as ``spoil`` says: ``503`` (a blip of a
+    load balancer) or ``no-status`` (forwarded, the run's status taken out of the answer)."""
 
     def __init__(self, upstream_port: int | None = None) -> None:
         self.upstream_port = upstream_port
         self.mode = "forward" if upstream_port else "deny"
+        self.spoil = "503"
+        self.spoil_reads = 0
         self.requests: list[tuple[str, str, dict[str, str], bytes]] = []
         recorder = self
 
@@ -82,12 +86,23 @@ class Recorder:
                 ):
                     self.reply(403, recorder.denial(self), "application/json")
                     return
+                spoilt = self.path.split("?")[0].endswith("/runs/get") and recorder.spoil_reads > 0
+                if spoilt:
+                    recorder.spoil_reads -= 1
+                    if recorder.spoil == "503":
+                        self.reply(503, b'{"error_code": "TEMPORARILY_UNAVAILABLE"}', None)
+                        return
                 assert recorder.upstream_port is not None
                 conn = http.client.HTTPConnection("127.0.0.1", recorder.upstream_port, timeout=60)
                 headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
                 conn.request(self.command, self.path, body=body or None, headers=headers)
                 answer = conn.getresponse()
-                self.reply(answer.status, answer.read(), answer.getheader("Content-Type"))
+                data = answer.read()
+                if spoilt and recorder.spoil == "no-status":
+                    run = json.loads(data)
+                    del run["run"]["info"]["status"]
+                    data = json.dumps(run).encode()
+                self.reply(answer.status, data, answer.getheader("Content-Type"))
                 conn.close()
 
             def reply(self, status: int, data: bytes, kind: str | None) -> None:

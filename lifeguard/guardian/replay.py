@@ -69,6 +69,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["--last-gasp"]:
         return last_gasp(args[1:])
+    # Started by install(), detached, it may outlive the program by minutes (a store that does
+    # not answer): a pipe of the program's launcher held open here would keep it waiting.
+    _close_inherited(keep=())
     return at_install()
 
 
@@ -109,6 +112,9 @@ def at_install() -> int:
                     result, _ = stores.apply(entry_now, journal, give_up=float("inf"))
                 except ImportError:
                     result = JOURNALED  # a store only mlflow can write, and no mlflow here
+                except Exception:  # noqa: BLE001 - this entry's own: the others still go
+                    pending = True  # it stays journaled, for the next replay or the sweep
+                    continue
             if result == JOURNALED:
                 dead.add(entry.tracking_uri)
                 pending = True
@@ -408,7 +414,7 @@ class _Stores:
         """(the result of one attempt at ``entry``, the error if it failed)."""
         from lifeguard.guardian import rest
         from lifeguard.guardian.sqlitestore import SchemaError, SqliteStore
-        from lifeguard.journal import JOURNALED, SUPERSEDED
+        from lifeguard.journal import JOURNALED, SUPERSEDED, after_failed_write
 
         attempt = max(0.2, min(self.attempt, give_up - time.monotonic()))
         store = self.get(entry.tracking_uri)
@@ -424,14 +430,24 @@ class _Stores:
             seen_running = False
             if isinstance(store, rest.RestStore):
                 store.budget = rest.Budget(attempt)
-                state = _rest_state(store, entry)
-                if state is not None and state != RUNNING:
+                try:
+                    state = _rest_state(store, entry)
+                except rest.RestError as exc:
+                    # Unread, the run may have been resumed by a live process since: a write
+                    # now could end it. The entry waits for an answer.
+                    return after_failed_write(journal, entry, store.tracking_uri, exc), str(exc)
+                if state != RUNNING:
                     journal.remove(entry)
                     return state, ""
-                seen_running = state == RUNNING
-            elif store.adopted_since(entry):
-                journal.remove(entry)
-                return SUPERSEDED, ""
+                seen_running = True
+            else:
+                try:
+                    adopted = store.adopted_since(entry)
+                except Exception as exc:  # noqa: BLE001 - unread: as over REST, the entry waits
+                    return after_failed_write(journal, entry, store.tracking_uri, exc), str(exc)
+                if adopted:
+                    journal.remove(entry)
+                    return SUPERSEDED, ""
             if isinstance(store, rest.RestStore):
                 result = store.apply(
                     entry, journal=journal, write_ahead=False, seen_running=seen_running
@@ -447,25 +463,22 @@ class _Stores:
 RUNNING = "RUNNING"
 
 
-def _rest_state(store: rest.RestStore, entry: Entry) -> str | None:
+def _rest_state(store: rest.RestStore, entry: Entry) -> str:
     """One ``runs/get`` for what ``adopted_since`` and ``endable`` would each ask: RUNNING (to
     be written; the write then skips its own read), ALREADY_ENDED (no longer RUNNING, or
-    deleted), SUPERSEDED (adopted since by another live process), or None when the read failed
-    (the write then meets the same failure, and says so)."""
+    deleted), SUPERSEDED (adopted since by another live process). ``RestError`` when the read
+    failed or its answer lacks the run's status: nothing can be decided on it."""
     from lifeguard.guardian.rest import RestError
     from lifeguard.journal import ALREADY_ENDED, SUPERSEDED
     from lifeguard.owner import adopted_since
 
-    try:
-        answer = store.call("GET", "runs/get", {"run_id": entry.run_id, "run_uuid": entry.run_id})
-    except RestError:
-        return None
+    answer = store.call("GET", "runs/get", {"run_id": entry.run_id, "run_uuid": entry.run_id})
     run = answer.get("run")
     info = run.get("info") if isinstance(run, dict) else None
     data = run.get("data") if isinstance(run, dict) else None
-    if not isinstance(info, dict):
-        return None
-    status = str(info.get("status"))
+    status = info.get("status") if isinstance(info, dict) else None
+    if not isinstance(info, dict) or not isinstance(status, str):
+        raise RestError("runs/get: an answer without the run's status")
     if status != RUNNING or info.get("lifecycle_stage", "active") == "deleted":
         return ALREADY_ENDED
     raw = data.get("tags") if isinstance(data, dict) else None

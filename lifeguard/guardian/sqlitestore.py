@@ -22,7 +22,6 @@ slip in between the check and the write.
 
 from __future__ import annotations
 
-import os
 import re
 import sqlite3
 
@@ -54,13 +53,12 @@ def path_of(uri: str) -> str | None:
 
 
 def unsupported(uri: str) -> str | None:
-    """Why this module cannot end runs at ``uri``, or None if it can (an absolute sqlite path
-    to an existing file; its tables are checked at the first write)."""
-    path = path_of(uri)
-    if path is None:
+    """Why this module cannot end runs at ``uri``, or None if it can (an absolute sqlite path;
+    its tables are checked at the first write). A path with no file (yet: an unmounted volume)
+    is this module's too: its write fails and the entry stays journaled, where MLflow's client
+    would create and migrate an empty store there."""
+    if path_of(uri) is None:
         return "not an absolute sqlite://// path without options"
-    if not os.path.isfile(path):
-        return f"{path} is not a file"
     return None
 
 

@@ -348,18 +348,20 @@ class _MlflowStore:
         return list(self.runs.find_running_owned_by(self.client, owner, experiment_ids))
 
     def adopted_since(self, entry: Entry) -> bool:
-        try:
-            client = self.client
-        except Exception:  # noqa: BLE001 - cannot say: the write meets the same failure
-            return False
-        return bool(self.runs._resumed_since(client, entry))
+        """Whether a live process resumed the run since ``entry``; raises when the store cannot
+        say (unopened, or the read failed): the entry must then wait, not be written."""
+        return bool(self.runs._resumed_since(self.client, entry))
 
     def apply_journaled(self, entry: Entry, *, journal: Journal, ended_by: str) -> str:
         """Write an entry the dead process journaled, as ``ended_by``; SUPERSEDED if its run
-        was adopted since."""
-        from lifeguard.journal import SUPERSEDED
+        was adopted since; JOURNALED, kept, if the store cannot say."""
+        from lifeguard.journal import SUPERSEDED, after_failed_write
 
-        if self.adopted_since(entry):
+        try:
+            adopted = self.adopted_since(entry)
+        except Exception as exc:  # noqa: BLE001 - any failure to read the store: keep it
+            return after_failed_write(journal, entry, self.tracking_uri, exc)
+        if adopted:
             journal.remove(entry)
             return SUPERSEDED
         return self.apply(entry.written_by(ended_by), journal=journal, write_ahead=False)

@@ -236,7 +236,14 @@ def replay_journal(
                 counts[NOT_SENT] += 1
                 continue
             client = clients.get(uri) or clients.setdefault(uri, MlflowClient(tracking_uri=uri))
-            if _resumed_since(client, entry):
+            try:
+                resumed = _resumed_since(client, entry)
+            except Exception as exc:  # noqa: BLE001 - the server failed a read: keep the entry
+                after_failed_write(journal, entry, entry.tracking_uri, _first_line(exc))
+                counts[JOURNALED] += 1
+                dead.add(uri)
+                continue
+            if resumed:
                 # A later process resumed the run (a requeued job): it is alive again, and its
                 # owner ends it with the truth. This ending is history; writing it would end a
                 # live run, and "never overwrite" would then keep the wrong status for good.
@@ -268,16 +275,14 @@ def replay_journal(
 
 def _resumed_since(client: MlflowClient, entry: Entry) -> bool:
     """Whether the run has been resumed by another live process since ``entry`` was journaled
-    (``owner.adopted_since``). A failed read says no: ``apply`` then meets the same failure
-    and keeps the entry."""
+    (``owner.adopted_since``). A failed read raises: not knowing is not "no", for a write then
+    could end a run a live process resumed (the read may fail and the write succeed: a 503
+    once). The caller keeps the entry."""
     from lifeguard.owner import adopted_since
 
     if entry.pid is None and entry.writer is None:
         return False
-    try:
-        run = client.get_run(entry.run_id)
-    except Exception:  # noqa: BLE001
-        return False
+    run = client.get_run(entry.run_id)
     return adopted_since(
         run.info.status, dict(run.data.tags), entry.pid, entry.end_time, entry.writer
     )
