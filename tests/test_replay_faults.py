@@ -16,7 +16,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,11 +33,10 @@ NOT_UTF8 = os.fsdecode(b"/data/shard-\xff.bin")
 ESCAPED = "/data/shard-\\udcff.bin"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
-    srv = MlflowServer(tmp_path_factory.mktemp("server")).start()
-    yield srv
-    srv.stop()
+@pytest.fixture
+def server(mlflow_server: MlflowServer) -> MlflowServer:
+    """The session's server (conftest.mlflow_server): these tests read only their own runs."""
+    return mlflow_server
 
 
 def gone_writer() -> Owner:
