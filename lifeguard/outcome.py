@@ -89,10 +89,11 @@ def safe_str(value: object) -> str:
 
 def utf8(text: str) -> str:
     """``text`` with whatever UTF-8 cannot encode (lone surrogates) as backslash escapes."""
+    # str's own methods: a str subclass from the program may override encode().
     try:
-        text.encode("utf-8")
+        str.encode(text, "utf-8")
     except UnicodeEncodeError:
-        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+        return str.encode(text, "utf-8", "backslashreplace").decode("utf-8")
     return text
 
 

@@ -22,6 +22,7 @@ slip in between the check and the write.
 
 from __future__ import annotations
 
+import os
 import re
 import sqlite3
 
@@ -57,8 +58,11 @@ def unsupported(uri: str) -> str | None:
     its tables are checked at the first write). A path with no file (yet: an unmounted volume)
     is this module's too: its write fails and the entry stays journaled, where MLflow's client
     would create and migrate an empty store there."""
-    if path_of(uri) is None:
+    path = path_of(uri)
+    if path is None:
         return "not an absolute sqlite://// path without options"
+    if os.path.exists(path) and not os.path.isfile(path):
+        return f"{path} is not a regular file"
     return None
 
 
