@@ -411,10 +411,14 @@ class _Stores:
         return _MlflowStore(uri)
 
     def apply(self, entry: Entry, journal: Journal, give_up: float) -> tuple[str, str]:
-        """(the result of one attempt at ``entry``, the error if it failed)."""
+        """(the result of one attempt at ``entry``, the error if it failed). The entry is
+        written as it stands (install()'s replay has made it ``replay``'s; the last gasp keeps
+        the dead writer's ``ended_by``), through the store's own ``apply_journaled``, as the
+        watchdog writes what it finds journaled: never over a run adopted since, and not at
+        all while the run cannot be read."""
         from lifeguard.guardian import rest
         from lifeguard.guardian.sqlitestore import SchemaError, SqliteStore
-        from lifeguard.journal import JOURNALED, SUPERSEDED, after_failed_write
+        from lifeguard.journal import JOURNALED
 
         attempt = max(0.2, min(self.attempt, give_up - time.monotonic()))
         store = self.get(entry.tracking_uri)
@@ -427,68 +431,13 @@ class _Stores:
                     return (result, errors.last) if result == JOURNALED else (result, "")
                 except SchemaError:
                     store = self.made[entry.tracking_uri] = self._mlflow(entry.tracking_uri)
-            seen_running = False
             if isinstance(store, rest.RestStore):
                 store.budget = rest.Budget(attempt)
-                try:
-                    state = _rest_state(store, entry)
-                except rest.RestError as exc:
-                    # Unread, the run may have been resumed by a live process since: a write
-                    # now could end it. The entry waits for an answer.
-                    return after_failed_write(journal, entry, store.tracking_uri, exc), str(exc)
-                if state != RUNNING:
-                    journal.remove(entry)
-                    return state, ""
-                seen_running = True
-            else:
-                try:
-                    adopted = store.adopted_since(entry)
-                except Exception as exc:  # noqa: BLE001 - unread: as over REST, the entry waits
-                    return after_failed_write(journal, entry, store.tracking_uri, exc), str(exc)
-                if adopted:
-                    journal.remove(entry)
-                    return SUPERSEDED, ""
-            if isinstance(store, rest.RestStore):
-                result = store.apply(
-                    entry, journal=journal, write_ahead=False, seen_running=seen_running
-                )
-            else:
-                result = store.apply(entry, journal=journal, write_ahead=False)
+            result = store.apply_journaled(entry, journal=journal, ended_by=None)
         return (result, errors.last) if result == JOURNALED else (result, "")
 
     def close(self) -> None:
         self._exits.close()
-
-
-RUNNING = "RUNNING"
-
-
-def _rest_state(store: rest.RestStore, entry: Entry) -> str:
-    """One ``runs/get`` for what ``adopted_since`` and ``endable`` would each ask: RUNNING (to
-    be written; the write then skips its own read), ALREADY_ENDED (no longer RUNNING, or
-    deleted), SUPERSEDED (adopted since by another live process). ``RestError`` when the read
-    failed or its answer lacks the run's status: nothing can be decided on it."""
-    from lifeguard.guardian.rest import RestError
-    from lifeguard.journal import ALREADY_ENDED, SUPERSEDED
-    from lifeguard.owner import adopted_since
-
-    answer = store.call("GET", "runs/get", {"run_id": entry.run_id, "run_uuid": entry.run_id})
-    run = answer.get("run")
-    info = run.get("info") if isinstance(run, dict) else None
-    data = run.get("data") if isinstance(run, dict) else None
-    status = info.get("status") if isinstance(info, dict) else None
-    if not isinstance(info, dict) or not isinstance(status, str):
-        raise RestError("runs/get: an answer without the run's status")
-    if status != RUNNING or info.get("lifecycle_stage", "active") == "deleted":
-        return ALREADY_ENDED
-    raw = data.get("tags") if isinstance(data, dict) else None
-    tags = {
-        str(tag.get("key")): str(tag.get("value"))
-        for tag in (raw if isinstance(raw, list) else [])
-        if isinstance(tag, dict)
-    }
-    adopted = adopted_since(status, tags, entry.pid, entry.end_time, entry.writer)
-    return SUPERSEDED if adopted else RUNNING
 
 
 class _Errors:

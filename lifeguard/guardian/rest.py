@@ -455,43 +455,38 @@ class RestStore:
         return info["status"] == RUNNING and info.get("lifecycle_stage", "active") != "deleted"
 
     def _info(self, run_id: str) -> dict[str, object]:
+        return self._run(run_id)[0]
+
+    def _run(self, run_id: str) -> tuple[dict[str, object], dict[str, object]]:
+        """One ``runs/get``: the run's info, which has its status, and its data (``{}`` if the
+        answer has none). An answer without the status raises: nothing can be decided on it."""
         answer = self.call("GET", "runs/get", {"run_id": run_id, "run_uuid": run_id})
-        run = answer.get("run")
-        info = run.get("info") if isinstance(run, dict) else None
-        if not isinstance(info, dict) or not isinstance(info.get("status"), str):
-            raise RestError("runs/get: no status in the answer")
-        return info
-
-    def adopted_since(self, entry: Entry) -> bool:
-        """``owner.adopted_since`` for the run ``entry`` is about; a failed read says no (the
-        write then meets the same failure and keeps the entry)."""
-        try:
-            return self._read_for(entry)[1]
-        except RestError:
-            return False
-
-    def _read_for(self, entry: Entry) -> tuple[dict[str, object], bool]:
-        """One ``runs/get`` for a journaled entry: (the run's info, adopted since)."""
-        from lifeguard.owner import adopted_since
-
-        answer = self.call("GET", "runs/get", {"run_id": entry.run_id, "run_uuid": entry.run_id})
         run = answer.get("run")
         info = run.get("info") if isinstance(run, dict) else None
         data = run.get("data") if isinstance(run, dict) else None
         if not isinstance(info, dict) or not isinstance(info.get("status"), str):
             raise RestError("runs/get: no status in the answer")
+        return info, data if isinstance(data, dict) else {}
+
+    def _read_for(self, entry: Entry) -> tuple[dict[str, object], bool]:
+        """One ``runs/get`` for a journaled entry: (the run's info, adopted since)."""
+        from lifeguard.owner import adopted_since
+
+        info, data = self._run(entry.run_id)
+        raw = data.get("tags")
         tags = {
             str(tag.get("key")): str(tag.get("value"))
-            for tag in (data.get("tags") or [] if isinstance(data, dict) else [])
+            for tag in (raw if isinstance(raw, list) else [])
             if isinstance(tag, dict)
         }
         adopted = adopted_since(str(info["status"]), tags, entry.pid, entry.end_time, entry.writer)
         return info, adopted
 
-    def apply_journaled(self, entry: Entry, *, journal: Journal, ended_by: str) -> str:
-        """Write an entry the dead process journaled, as ``ended_by``: SUPERSEDED (dropped)
-        if its run was adopted since, else as :meth:`apply`. One read serves both checks (a
-        basic-auth server spends ~0.4 s on each request)."""
+    def apply_journaled(self, entry: Entry, *, journal: Journal, ended_by: str | None) -> str:
+        """Write an entry the dead process journaled, as ``ended_by`` (None: as the entry
+        says): SUPERSEDED (dropped) if its run was adopted since, ALREADY_ENDED (dropped) if it
+        no longer runs, else as :meth:`apply`; JOURNALED, kept, while the run cannot be read.
+        One read serves every check (a basic-auth server spends ~0.4 s on each request)."""
         from lifeguard.journal import SUPERSEDED
 
         try:
@@ -504,9 +499,9 @@ class RestStore:
         if info["status"] != RUNNING or info.get("lifecycle_stage", "active") == "deleted":
             journal.remove(entry)
             return ALREADY_ENDED
-        return self.apply(
-            entry.written_by(ended_by), journal=journal, write_ahead=False, seen_running=True
-        )
+        if ended_by is not None:
+            entry = entry.written_by(ended_by)
+        return self.apply(entry, journal=journal, write_ahead=False, seen_running=True)
 
     def has_run(self, run_id: str) -> bool:
         """Whether the run exists in this store (False on RESOURCE_DOES_NOT_EXIST)."""

@@ -352,9 +352,10 @@ class _MlflowStore:
         say (unopened, or the read failed): the entry must then wait, not be written."""
         return bool(self.runs._resumed_since(self.client, entry))
 
-    def apply_journaled(self, entry: Entry, *, journal: Journal, ended_by: str) -> str:
-        """Write an entry the dead process journaled, as ``ended_by``; SUPERSEDED if its run
-        was adopted since; JOURNALED, kept, if the store cannot say."""
+    def apply_journaled(self, entry: Entry, *, journal: Journal, ended_by: str | None) -> str:
+        """Write an entry the dead process journaled, as ``ended_by`` (None: as the entry
+        says); SUPERSEDED if its run was adopted since; JOURNALED, kept, if the store cannot
+        say."""
         from lifeguard.journal import SUPERSEDED, after_failed_write
 
         try:
@@ -364,7 +365,9 @@ class _MlflowStore:
         if adopted:
             journal.remove(entry)
             return SUPERSEDED
-        return self.apply(entry.written_by(ended_by), journal=journal, write_ahead=False)
+        if ended_by is not None:
+            entry = entry.written_by(ended_by)
+        return self.apply(entry, journal=journal, write_ahead=False)
 
     def has_run(self, run_id: str) -> bool:
         from mlflow.exceptions import MlflowException
