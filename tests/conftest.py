@@ -55,6 +55,19 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 _STARTING_ENVIRON = dict(os.environ)
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto`` (tox): one worker more than the cores this process may run on. A fifth of
+    the suite's test time is spent waiting with nothing on a core (a server that comes back a
+    minute later, heartbeats, a sweep's stale-after, a store locked for seconds): with a worker
+    per core the cores were 81 % busy and pytest took 604 s, with one more 97 % and 487 s
+    (``scripts/suite_cpu.py``, the whole suite, one quiet 2-core machine, one after the other).
+    The tests were written for a loaded machine, which this is. PYTEST_XDIST_AUTO_NUM_WORKERS,
+    when set, decides as xdist documents."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS") or config.option.numprocesses != "auto":
+        return None
+    return len(os.sched_getaffinity(0)) + 1
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The few tests that take minutes (marked ``long``) go first, the rest keep their order.
     Under `pytest -n auto --dist worksteal` (tox) the workers then share the short tests out
