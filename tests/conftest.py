@@ -55,6 +55,8 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 _STARTING_ENVIRON = dict(os.environ)
 
 
+# optionalhook: an env without pytest-xdist (slurm's) loads this file too.
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """``-n auto`` (tox): one worker more than the cores this process may run on. A fifth of
     the suite's test time is spent waiting with nothing on a core (a server that comes back a
