@@ -166,7 +166,18 @@ if not run_id:  # made after the first run (by a scheduler, say), to be resumed 
 run = mlflow.start_run(run_id=run_id)
 client = MlflowClient(os.environ["RESUME_URI"])
 give_up = time.monotonic() + 60
-while client.get_run(run.info.run_id).data.tags.get("lifeguard.owner.pid") != str(os.getpid()):
+
+
+def adopted():
+    # The owner tags are ours, and the run is RUNNING: a journaled ending of the process before
+    # that landed between the resume and those tags (a replay on a loaded machine) is undone
+    # just after them (heartbeat._resume_again).
+    found = client.get_run(run.info.run_id)
+    mine = found.data.tags.get("lifeguard.owner.pid") == str(os.getpid())
+    return mine and found.info.status == "RUNNING"
+
+
+while not adopted():
     assert time.monotonic() < give_up, "never adopted"
     time.sleep(0.05)
 demo.announce(run_ids=[run.info.run_id], watchdog=lifeguard.watchdog_pid(),
@@ -223,8 +234,10 @@ def test_a_requeued_job_s_replay_leaves_the_run_it_resumed_alone(store: Store) -
     run_id = orphan_run(store)
     # Job 1's journal entry, as its finalizer wrote it before it was cut off; its writer, the
     # orphan's process, is gone.
-    dead_pid = int(store.run(run_id).data.tags[TAG_PID])
-    ended_at = int(time.time() * 1000)
+    orphan = store.run(run_id)
+    dead_pid = int(orphan.data.tags[TAG_PID])
+    # Cut off as its run began: job 1's ending is dated before job 2 starts, as a requeue's is.
+    ended_at = orphan.info.start_time
     entry = Entry(run_id, store.uri, "KILLED", ended_at, {"lifeguard.signal": "SIGTERM"})
     entry.pid = dead_pid
     Journal(str(store.path.parent / "journal")).write(entry)
@@ -244,6 +257,56 @@ def test_a_requeued_job_s_replay_leaves_the_run_it_resumed_alone(store: Store) -
     assert result.returncode == 0, result.stderr
     assert store.status(run_id) == "FINISHED"
     assert list((store.path.parent / "journal").glob("*.json")) == []
+
+
+LATE_ENDING = """
+import os, sys, time
+import lifeguard
+# No heartbeat thread: this program adopts its resumed run itself (heartbeat.beat(), what the
+# thread does within a second of a resume), so that the late ending lands exactly in between.
+lifeguard.install(heartbeat=0)
+import mlflow
+from mlflow.tracking import MlflowClient
+from lifeguard import demo
+from lifeguard.backends.mlflow.heartbeat import heartbeat
+client = MlflowClient()
+run_id = mlflow.start_run(run_id=os.environ["RESUME_RUN_ID"]).info.run_id  # resumed: RUNNING
+ended_at = os.environ.get("ENDED_AT") or str(int(time.time() * 1000))
+# What a replay (or a watchdog, a sweep) writes for the process that ran it before, landing
+# between this resume and its adoption: a loaded machine's replay did, and the run stayed KILLED.
+client.set_terminated(run_id, "KILLED", end_time=int(ended_at))
+heartbeat.beat()
+info = client.get_run(run_id).info
+demo.announce(status=info.status, end_time=info.end_time)
+sys.exit(0)
+"""
+
+
+@pytest.mark.parametrize("ended", ["before-this-process", "during-this-process"])
+def test_a_resumed_run_ended_late_by_the_process_before_is_running_again(
+    store: Store, ended: str
+) -> None:
+    """The ending of the process that ran the run before, written after this process resumed
+    it and before it adopted it (its owner tags), is older news than the resume: the adoption
+    sets RUNNING again, as MLflow's resume would have had the write come first, and this process
+    ends the run with its own truth. An ending dated after this process started is not that
+    (the program or a user ended the run since) and stays."""
+    run_id = orphan_run(store)
+    ended_at = int(time.time() * 1000) - 1000  # the process before died: before this one began
+    extra = {"ENDED_AT": str(ended_at)} if ended == "before-this-process" else {}
+    result = run_child(
+        [sys.executable, "-c", LATE_ENDING],
+        env=child_env(store, RESUME_RUN_ID=run_id, **extra),
+        timeout=CHILD_TIMEOUT,
+    )
+    assert result.returncode == 0, result.stderr
+    if ended == "before-this-process":
+        assert result.ready["status"] == "RUNNING", result.stderr
+        assert result.ready["end_time"] == ended_at  # kept, as MLflow's own resume keeps it
+        assert store.status(run_id) == "FINISHED"
+    else:
+        assert result.ready["status"] == "KILLED", result.stderr
+        assert store.status(run_id) == "KILLED"
 
 
 JOB_ONE = """

@@ -31,6 +31,8 @@ from lifeguard.names import TAG_HEARTBEAT
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
+
     from lifeguard.backends.mlflow.stores import Store
 
 __all__ = ["DEFAULT_INTERVAL", "Heartbeat", "heartbeat", "now_ms", "start_for"]
@@ -153,6 +155,7 @@ class Heartbeat:
                     stores.note_resumed(run_id, store)
                     _announce(store, getattr(run.info, "experiment_id", None))  # type: ignore[attr-defined]
                     client.log_batch(run_id, tags=owner_tags)
+                    _resume_again(client, run_id)
                     self._adopted.add(run_id)
                     logger().debug("lifeguard: adopted resumed run %s", run_id)
             store_of = stores.of_active_runs(fluent)
@@ -175,6 +178,34 @@ class Heartbeat:
                 logger().info("lifeguard: heartbeat recovered")
             self._failing = False
         return beaten
+
+
+def _resume_again(client: MlflowClient, run_id: str) -> None:
+    """Set RUNNING again a run this process resumed that was found ended with an end time from
+    before this process started: the ending of the process that ran it before (its journal
+    entry, written by a replay, a watchdog or a sweep) landed between the resume and the owner
+    tags above, and "never overwrite" would then keep it over this process's own ending. Had it
+    landed before the resume, MLflow's resume would have set RUNNING over it the same way. An
+    ending dated after this process started (the program, or someone, ended the run since) is
+    left alone. Called after the owner tags are written: a writer that reads the run from now
+    on sees it adopted and leaves it alone (``owner.adopted_since``)."""
+    from lifeguard.owner import own_start_time
+
+    info = client.get_run(run_id).info
+    started_ms = own_start_time() * 1000
+    if (
+        info.status != "RUNNING"
+        and info.lifecycle_stage != "deleted"
+        and info.end_time is not None
+        and info.end_time < started_ms
+    ):
+        client.update_run(run_id, status="RUNNING")  # as MLflow's resume: end_time kept
+        logger().info(
+            "lifeguard: run %s, resumed here, had been ended %s by the process before it; "
+            "it is RUNNING again",
+            run_id,
+            info.status,
+        )
 
 
 def _announce(store: Store, experiment_id: str | None) -> None:
