@@ -4,7 +4,8 @@ The program writes one line per event, ``<pid> <start_time> <verb> [arg]``; a wr
 PIPE_BUF bytes is atomic, so several processes (a supervised job's ranks) can share one pipe.
 
 verbs:
-  ``owner <boot id> <pid ns> <host>``  who the sender is (``-`` for a field it cannot read),
+  ``owner <boot id> <pid ns> <host> <start ticks>``  who the sender is (``-`` for a field it
+                          cannot read),
                           sent once per process before its first other line: the pid and
                           start time of a line mean something only with the sender's boot and
                           PID namespace, and a guardian must find the runs of exactly this
@@ -84,7 +85,8 @@ class Channel:
         head = f"{me.pid} {me.start_time:.2f} "
         if self._announced != me.pid:
             # A line of its own (atomic by itself); the guardian keys every line by pid.
-            fields = f"{me.boot_id or '-'} {me.pid_ns or '-'} {me.host}"
+            ticks = "-" if me.start_ticks is None else str(me.start_ticks)
+            fields = f"{me.boot_id or '-'} {me.pid_ns or '-'} {me.host} {ticks}"
             if self._write(f"{head}owner {fields}\n"):
                 self._announced = me.pid
         return self._write(f"{head}{verb} {arg}".rstrip() + "\n")

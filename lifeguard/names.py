@@ -14,6 +14,8 @@ __all__ = [
     "RUN_ORDER",
     "TAG_ENDED_BY",
     "TAG_HEARTBEAT",
+    "TAG_HEARTBEAT_INTERVAL",
+    "TAG_RESUMED_END",
 ]
 
 # -- run tags (the owner's identity tags are lifeguard.owner's) ------------------------------------
@@ -21,6 +23,12 @@ __all__ = [
 # Epoch ms of this run's owner's last sign of life (backends/mlflow/heartbeat.py writes it; the
 # sweep and a journal replay read it).
 TAG_HEARTBEAT = "lifeguard.heartbeat"
+# Seconds between the owner's heartbeats (0: off), written with the owner: the sweep never judges
+# a run lost before several of its own intervals have passed, whatever --stale-after says.
+TAG_HEARTBEAT_INTERVAL = "lifeguard.heartbeat.interval"
+# The end time (epoch ms) a run had when its current owner resumed it: a RUNNING run with another
+# end time was resumed since by a program without lifeguard, whose owner tags these are not.
+TAG_RESUMED_END = "lifeguard.owner.resumed_end"
 # Who wrote the final status: "process", "watchdog", "supervisor", "replay" or "sweep".
 TAG_ENDED_BY = "lifeguard.ended_by"
 

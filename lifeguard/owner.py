@@ -1,8 +1,17 @@
 """Who owns a run: host, pid and start time, plus what makes "the same host" checkable.
 
-The start time is what makes the identity safe against pid reuse: a recycled pid has a different
-start time. On Linux it is read from /proc exactly as psutil computes ``create_time()`` (boot
-time + start ticks / CLK_TCK), without importing psutil. Elsewhere psutil is used.
+The start is what makes the identity safe against pid reuse: a recycled pid has a different
+start. It is compared as the kernel keeps it, in clock ticks since boot (field 22 of
+``/proc/PID/stat``, the ``start_ticks`` tag), never as an epoch time: an epoch start is derived
+from the boot time in ``/proc/stat``, which moves with every step of the wall clock (an NTP
+correction, a VM resumed after weeks), so two readings of one live process could disagree and
+a sweep would take a live owner for a dead one. The epoch start (``start_time``) is still
+written, for people. An owner without ticks (tagged by an earlier lifeguard, or a platform with
+no /proc) cannot be checked against a live process at all: its liveness is "unknown".
+
+"Cannot read" is never "gone": under ``hidepid`` a process of another user has no
+``/proc/PID`` at all, so a missing entry is confirmed with ``kill(pid, 0)``, which tells "no such
+process" (ESRCH) from "not yours" (EPERM) whatever /proc shows.
 
 A pid means something only inside its PID namespace and its boot, and a hostname is not a
 machine: a trainer in a container with the host's hostname (``docker --network host``,
@@ -38,6 +47,7 @@ __all__ = [
     "TAG_PID",
     "TAG_PIDNS",
     "TAG_START",
+    "TAG_TICKS",
     "Owner",
     "own_start_time",
     "process_start_time",
@@ -48,29 +58,47 @@ TAG_PID = "lifeguard.owner.pid"
 TAG_START = "lifeguard.owner.start_time"
 TAG_BOOT = "lifeguard.owner.boot_id"
 TAG_PIDNS = "lifeguard.owner.pid_ns"
-OWNER_TAGS = (TAG_HOST, TAG_PID, TAG_START, TAG_BOOT, TAG_PIDNS)
+# Clock ticks from boot to the process's start: the start as the kernel keeps it, which no step
+# of the wall clock moves (module docstring).
+TAG_TICKS = "lifeguard.owner.start_ticks"
+OWNER_TAGS = (TAG_HOST, TAG_PID, TAG_START, TAG_BOOT, TAG_PIDNS, TAG_TICKS)
 
 # A variable, not sys.platform in each test: the non-Linux branches stay checked code for mypy.
 _LINUX: bool = sys.platform.startswith("linux")
 
-# Two readings of the same process's start time can differ by rounding; a different process
-# reusing the pid within this window is not a practical concern (pids cycle far more slowly).
+# Two epoch readings of the same process's start can differ by rounding. Used only between two
+# identities that both lack start ticks (tagged by an earlier lifeguard): ticks compare exactly.
 START_TIME_TOLERANCE = 1.0
+
+
+def _stat_fields(pid: int | str) -> list[bytes]:
+    """The fields of ``/proc/PID/stat`` from field 3 on. Raises what ``open`` raises: no entry
+    (FileNotFoundError), or one this process may not read (PermissionError under hidepid)."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        stat = f.read()
+    # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
+    return stat[stat.rindex(b")") + 2 :].split()
+
+
+def start_ticks(pid: int | str) -> int | None:
+    """Clock ticks from boot to the start of ``pid`` (or ``"self"``), as the kernel keeps them
+    (field 22 of stat(5)); None when that cannot be read, for whatever reason."""
+    try:
+        return int(_stat_fields(pid)[19])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def process_start_time(pid: int | str) -> float | None:
     """Epoch seconds at which ``pid`` (or ``"self"``) started, or None if there is no such
-    process."""
+    process. For people and for the epoch tag: never compare two of these to tell processes
+    apart (a wall-clock step moves the boot time they are counted from); compare start ticks."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
+        ticks = int(_stat_fields(pid)[19])
     except FileNotFoundError:
         return None
     except OSError:
         return _psutil_start_time(os.getpid() if pid == "self" else int(pid))
-    # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
-    fields = stat[stat.rindex(b")") + 2 :].split()
-    ticks = int(fields[19])  # field 22 of stat(5), counted from field 3
     return _boot_time() + ticks / os.sysconf("SC_CLK_TCK")
 
 
@@ -83,9 +111,7 @@ def own_start_time() -> float:
     import time
 
     try:
-        with open("/proc/self/stat", "rb") as f:
-            stat = f.read()
-        ticks = int(stat[stat.rindex(b")") + 2 :].split()[19])
+        ticks = int(_stat_fields("self")[19])
         running_for = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
         return time.time() - running_for
     except (OSError, ValueError, AttributeError):  # no /proc, no CLOCK_BOOTTIME (not Linux)
@@ -153,6 +179,52 @@ def _proc_is_own_namespace() -> bool:
         return not _LINUX  # no /proc: psutil asks the kernel itself
 
 
+def proc_hides_processes() -> bool:
+    """Whether the /proc this process reads may leave other processes out of sight: mounted
+    with ``hidepid`` (1, 2, ``noaccess``, ``invisible``, ``ptraceable``) or ``subset=pid``, or
+    unreadable. Then a process that cannot be found is not a process that does not exist."""
+    try:
+        with open("/proc/self/mountinfo", "rb") as f:
+            mounts = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return True
+    options = None
+    for line in mounts:
+        fields = line.split()
+        if len(fields) > 4 and fields[4] == "/proc" and " - proc " in line:
+            options = line.split(" - ", 1)[1].split()[-1]  # the last /proc mounted wins
+    if options is None:
+        return True
+    for option in options.split(","):
+        key, _, value = option.partition("=")
+        if key == "hidepid" and value not in ("0", "off"):
+            return True
+        if key == "subset":
+            return True
+    return False
+
+
+def pid_liveness(pid: int, ticks: int) -> bool | None:
+    """Whether the process ``pid`` of this PID namespace that started ``ticks`` after boot is
+    still running: True (there, same start), False (proven gone: no such pid, or the pid now
+    belongs to a process that started at another tick, which can only come after the owner's
+    end), None (cannot tell: hidden, or not ours to read)."""
+    try:
+        now = int(_stat_fields(pid)[19])
+    except FileNotFoundError:
+        # No entry: gone, or hidden from us (hidepid). The kernel itself tells the two apart.
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except OSError:  # EPERM: there, and not ours
+            return None
+        return None  # there after all (hidden from /proc, or a new process meanwhile)
+    except (OSError, ValueError, IndexError):
+        return None
+    return now == ticks
+
+
 # This process's identity, computed once (per pid: a forked child is a new owner).
 _CURRENT: Owner | None = None
 
@@ -160,7 +232,7 @@ _CURRENT: Owner | None = None
 class Owner:
     """The identity of one process, as written into a run's tags."""
 
-    __slots__ = ("host", "pid", "start_time", "boot_id", "pid_ns")
+    __slots__ = ("host", "pid", "start_time", "boot_id", "pid_ns", "start_ticks")
 
     def __init__(
         self,
@@ -169,12 +241,14 @@ class Owner:
         start_time: float,
         boot_id: str | None = None,
         pid_ns: str | None = None,
+        start_ticks: int | None = None,
     ) -> None:
         self.host = host
         self.pid = pid
         self.start_time = start_time
         self.boot_id = boot_id
         self.pid_ns = pid_ns
+        self.start_ticks = start_ticks
 
     @classmethod
     def current(cls) -> Owner:
@@ -184,8 +258,25 @@ class Owner:
             # "self", not the pid: /proc may belong to another PID namespace than os.getpid().
             start = process_start_time("self")
             assert start is not None  # we are alive
-            _CURRENT = cls(socket.gethostname(), pid, start, _read_boot_id(), _read_pid_ns())
+            _CURRENT = cls(
+                socket.gethostname(),
+                pid,
+                start,
+                _read_boot_id(),
+                _read_pid_ns(),
+                start_ticks("self") if _LINUX else None,
+            )
         return _CURRENT
+
+    @classmethod
+    def of_pid(cls, pid: int) -> Owner | None:
+        """The identity of another process of this host and PID namespace, read now; None if
+        it cannot be read."""
+        start, ticks = process_start_time(pid), start_ticks(pid)
+        if start is None or ticks is None:
+            return None
+        here = cls.current()
+        return cls(here.host, pid, start, here.boot_id, here.pid_ns, ticks)
 
     def tags(self) -> dict[str, str]:
         tags = {
@@ -197,33 +288,41 @@ class Owner:
             tags[TAG_BOOT] = self.boot_id
         if self.pid_ns is not None:
             tags[TAG_PIDNS] = self.pid_ns
+        if self.start_ticks is not None:
+            tags[TAG_TICKS] = str(self.start_ticks)
         return tags
 
     @classmethod
     def from_tags(cls, tags: dict[str, str]) -> Owner | None:
         """The owner recorded in a run's tags, or None if the run has no (valid) owner tags.
-        Boot id and PID namespace are None when absent (runs tagged by older versions)."""
+        Boot id, PID namespace and start ticks are None when absent (runs tagged by older
+        versions) or malformed."""
         try:
             owner = cls(tags[TAG_HOST], int(tags[TAG_PID]), float(tags[TAG_START]))
         except (KeyError, ValueError):
             return None
         owner.boot_id = tags.get(TAG_BOOT) or None
         owner.pid_ns = tags.get(TAG_PIDNS) or None
+        owner.start_ticks = _ticks(tags.get(TAG_TICKS))
         return owner
 
     def same_process(self, other: Owner) -> bool:
-        """Every field agrees: host, pid, start time (within the rounding of two readings),
-        boot id and PID namespace. A missing boot id or namespace never agrees with a present
-        one: a pid means nothing without the namespace it is a pid in, and two containers on
-        one host (same hostname with ``hostNetwork``) each have their pid 2 started in the same
-        second. (Both missing agree: two readings of one platform that has neither.)"""
-        return (
+        """Every field agrees: host, pid, boot id, PID namespace and start ticks. A missing
+        field never agrees with a present one: a pid means nothing without the namespace it is
+        a pid in, and two containers on one host (same hostname with ``hostNetwork``) each
+        have their pid 2 started in the same second. (Both missing agree: two readings of one
+        platform that has neither; without ticks on either side, the epoch starts are compared
+        within the rounding of two readings, as earlier versions tagged them.)"""
+        if not (
             self.host == other.host
             and self.pid == other.pid
-            and abs(self.start_time - other.start_time) <= START_TIME_TOLERANCE
             and self.boot_id == other.boot_id
             and self.pid_ns == other.pid_ns
-        )
+        ):
+            return False
+        if self.start_ticks is not None or other.start_ticks is not None:
+            return self.start_ticks == other.start_ticks
+        return abs(self.start_time - other.start_time) <= START_TIME_TOLERANCE
 
     def fields(self) -> dict[str, object]:
         """The identity as JSON-able fields (a journal entry's ``writer``)."""
@@ -233,6 +332,7 @@ class Owner:
             "start_time": round(self.start_time, 2),
             "boot_id": self.boot_id,
             "pid_ns": self.pid_ns,
+            "start_ticks": self.start_ticks,
         }
 
     @classmethod
@@ -242,23 +342,26 @@ class Owner:
         if not isinstance(data, dict):
             return None
         host, pid, start = data.get("host"), data.get("pid"), data.get("start_time")
-        boot, ns = data.get("boot_id"), data.get("pid_ns")
+        boot, ns, ticks = data.get("boot_id"), data.get("pid_ns"), data.get("start_ticks")
         if not isinstance(host, str) or not isinstance(pid, int) or isinstance(pid, bool):
             return None
         if not isinstance(start, (int, float)) or isinstance(start, bool):
             return None
         if not all(value is None or isinstance(value, str) for value in (boot, ns)):
             return None
-        return cls(host, pid, float(start), boot or None, ns or None)
+        if ticks is not None and (not isinstance(ticks, int) or isinstance(ticks, bool)):
+            return None
+        return cls(host, pid, float(start), boot or None, ns or None, ticks)
 
     def not_local_because(self) -> str | None:
         """None when this owner's pid can be checked from here (same hostname, same boot, same
-        PID namespace, and a /proc that shows it); otherwise why not, in a few words."""
+        PID namespace, start ticks to compare, and a /proc that shows it); otherwise why not,
+        in a few words."""
         here = Owner.current()
         if self.host != here.host:
             return f"on {self.host}"
-        if self.boot_id is None or self.pid_ns is None:
-            return f"on {self.host}, tagged without boot id or PID namespace (not verifiable)"
+        if self.boot_id is None or self.pid_ns is None or self.start_ticks is None:
+            return f"on {self.host}, tagged without boot id, PID namespace or start ticks"
         if here.boot_id is None or here.pid_ns is None:
             return f"on {self.host}, whose boot and PID namespace this sweep cannot read"
         if self.boot_id != here.boot_id:
@@ -273,7 +376,8 @@ class Owner:
         return self.not_local_because() is None
 
     def is_alive(self) -> bool | None:
-        """True/False for a process this one can check; None when it cannot (elsewhere).
+        """True/False for a process this one can check; None when it cannot (elsewhere, or
+        hidden from it).
 
         Checkable: a process of this very namespace (:meth:`is_local`), and one of a PID
         namespace nested in ours (a container started from here) while that namespace still
@@ -281,25 +385,35 @@ class Owner:
         each with its pid in every namespace it belongs to. A namespace with no process left
         in sight is gone or was never ours to see: None, never False."""
         if self.is_local():
-            start = process_start_time(self.pid)
-            return start is not None and abs(start - self.start_time) <= START_TIME_TOLERANCE
+            assert self.start_ticks is not None  # is_local() requires them
+            return pid_liveness(self.pid, self.start_ticks)
         return _alive_in_nested_namespace(self)
 
     def __repr__(self) -> str:
         return (
             f"Owner({self.host!r}, {self.pid}, {self.start_time:.2f}, "
-            f"boot_id={self.boot_id!r}, pid_ns={self.pid_ns!r})"
+            f"boot_id={self.boot_id!r}, pid_ns={self.pid_ns!r}, start_ticks={self.start_ticks})"
         )
+
+
+def _ticks(text: str | None) -> int | None:
+    try:
+        value = int(text) if text else None
+    except ValueError:
+        return None
+    return value if value is not None and value >= 0 else None
 
 
 def _alive_in_nested_namespace(owner: Owner) -> bool | None:
     """:meth:`Owner.is_alive` for an owner in another PID namespace of this host and boot: a
     scan of /proc for the processes of that namespace (``/proc/PID/ns/pid``), and among them
-    the one whose innermost pid (the last of ``NSpid``) is the owner's."""
+    the one whose innermost pid (the last of ``NSpid``) is the owner's. Under hidepid the scan
+    may miss the owner itself: then not finding it proves nothing."""
     here = Owner.current()
     if (
         owner.pid_ns is None
         or owner.boot_id is None
+        or owner.start_ticks is None
         or owner.host != here.host
         or owner.boot_id != here.boot_id
         or owner.pid_ns == here.pid_ns
@@ -309,6 +423,7 @@ def _alive_in_nested_namespace(owner: Owner) -> bool | None:
         return None
     target = f"pid:[{owner.pid_ns}]"
     seen = False
+    unreadable = False
     try:
         names = os.listdir("/proc")
     except OSError:
@@ -317,27 +432,44 @@ def _alive_in_nested_namespace(owner: Owner) -> bool | None:
         if not name.isdigit():
             continue
         try:
-            if os.readlink(f"/proc/{name}/ns/pid") != target:
+            # Which namespaces a process is in, world-readable: one pid means one of ours.
+            nspids = _nspids(name)
+            if len(nspids) < 2:
+                continue
+            try:
+                if os.readlink(f"/proc/{name}/ns/pid") != target:
+                    continue
+            except PermissionError:
+                # In some nested namespace we may not look into: if it has the owner's pid
+                # there, it may be the owner.
+                unreadable = unreadable or nspids[-1] == owner.pid
                 continue
             seen = True
-            if _innermost_pid(name) != owner.pid:
+            if nspids[-1] != owner.pid:
                 continue
-            start = process_start_time(name)
-        except OSError:  # gone meanwhile, or not ours to look at
+            ticks = int(_stat_fields(name)[19])
+        except FileNotFoundError:  # gone meanwhile
             continue
-        return start is not None and abs(start - owner.start_time) <= START_TIME_TOLERANCE
+        except (OSError, ValueError, IndexError):  # not ours to look at
+            unreadable = True
+            continue
+        return ticks == owner.start_ticks
     # Processes of a namespace with that inode number are in sight and none is the owner: it
     # is gone. (Sound even if the number was reused since: two live namespaces never share
-    # one, so a new namespace with it means the owner's is gone, and the owner with it.)
-    return False if seen else None
+    # one, so a new namespace with it means the owner's is gone, and the owner with it.) Unless
+    # some processes are out of sight: the owner may be one of them.
+    if not seen or unreadable or proc_hides_processes():
+        return None
+    return False
 
 
-def _innermost_pid(proc_name: str) -> int | None:
+def _nspids(proc_name: str) -> list[int]:
+    """The process's pid in each PID namespace from this /proc's to its own (``NSpid``)."""
     with open(f"/proc/{proc_name}/status", "rb") as f:
         for line in f:
             if line.startswith(b"NSpid:"):
-                return int(line.split()[-1])
-    return None
+                return [int(field) for field in line.split()[1:]]
+    return []
 
 
 def adopted_since(

@@ -1,29 +1,34 @@
 """``lifeguard sweep``: decide, for each RUNNING run on a shared server, whether it is an orphan.
 
-Safety first: a run is ended only on evidence the sweep can check itself.
+The rule: **evidence of life beats identity.** Anyone who can write to a run can write its tags,
+and the OS can hide or shift what the sweep reads, so the sweep ends a run only when it has seen
+it unchanged, across its own looks, for long enough that a live run would have shown a sign of
+life: a new heartbeat, metric, param or tag, a status or end-time change. The first look at a
+run, or a look that finds it changed, never ends it.
 
-* Owner verifiably on this host -- same hostname, same boot id, same PID namespace (see
-  ``owner.py``): ended when that process is gone (no such pid, or the pid now belongs to a
-  process with another start time). A live owner, however quiet, keeps its run.
-* Owner in a PID namespace nested in the sweep's, on this host and boot (a container, swept from
-  the host's namespace): its processes are in sight here, so it is checked the same way.
-* Any other owner -- another machine, a container whose namespace is not in sight, another
-  boot, or a run tagged without boot id and PID namespace by an earlier lifeguard: nothing here
-  can see that process, so only its heartbeat speaks, judged on the sweeper's own clock
-  (below). None at all (heartbeats turned off) leaves the run alone.
-* No lifeguard tags (runs from before lifeguard): left alone, unless asked with
-  ``--include-untagged --older-than D``; then a run whose last sign of life (start, last metric)
-  is older than D is ended (by the writer's timestamps: D is meant in days, beyond any skew).
+How long is long enough:
+
+* Every run records its heartbeat interval (``lifeguard.heartbeat.interval``). A run is judged
+  lost only once it has stayed unchanged for ``--stale-after`` *and* for ``LIVE_BEATS`` of its
+  own intervals, whichever is longer; a run tagged before intervals were recorded waits at least
+  ``LEGACY_PATIENCE``.
+* Owner tags can only shorten that wait when the owner is *proven* gone: on this very host
+  (hostname, boot id and PID namespace all the sweep's own), compared in clock ticks since boot
+  (no wall-clock step can fool it), and really absent (``kill(pid, 0)`` says no such process:
+  hidden or unreadable is "unknown", never "gone"); see ``owner.py``. Then ``PROOF_BEATS`` of its
+  intervals unchanged suffice: a run whose tags are wrong but whose writer lives would beat in
+  that time.
+* A live owner, however quiet, keeps its run.
+* Runs without lifeguard tags, and lifeguard runs resumed since by a program without lifeguard
+  (RUNNING again with an end time its owner tags do not know), are left alone unless asked with
+  ``--include-untagged --older-than D``: then one silent for longer than D by its writer's own
+  timestamps, and unchanged for ``--stale-after`` across looks, is ended.
 
 **Staleness never compares two clocks.** A heartbeat carries the writer's clock, which may be
-minutes or hours off the sweeper's. So the sweep does not ask how old a beat is; it remembers,
-in a small state file, each run's sign of life (the heartbeat value and the last metric's
-timestamp) and when it first saw that value, by its own clock (``CLOCK_BOOTTIME`` within one
-boot, so that a wall-clock step cannot fake an age; the wall clock across reboots). A run is
-ended when its sign of life has not changed for ``--stale-after`` between sweeps. Any skew
-between writer and sweeper is tolerated; the cost is that a lost run is ended by the first sweep
-at least ``--stale-after`` after the first sweep that saw its last beat (two sweeps at least).
-``--stale-after`` must exceed the writers' heartbeat interval (default 60 s vs 15 min).
+minutes or hours off the sweeper's. The sweep remembers, in a small state file, each run's sign
+of life (a digest of everything it can read of the run) and when it first saw it, by its own
+clock (``CLOCK_BOOTTIME`` within one boot, so that a wall-clock step cannot fake an age; the wall
+clock across reboots). Any skew between writer and sweeper is tolerated.
 
 The end time is the last sign of life (the last heartbeat, else the last metric, else the
 start) in the writer's own clock, the one the run's start time and metrics are in; never the
@@ -38,7 +43,7 @@ import os
 import time
 
 from lifeguard._log import logger
-from lifeguard.names import TAG_HEARTBEAT
+from lifeguard.names import TAG_HEARTBEAT, TAG_HEARTBEAT_INTERVAL, TAG_RESUMED_END
 from lifeguard.owner import Owner
 
 TYPE_CHECKING = False
@@ -48,7 +53,11 @@ if TYPE_CHECKING:
 __all__ = [
     "ALIVE",
     "END",
+    "LEGACY_PATIENCE",
+    "LIVE_BEATS",
+    "PROOF_BEATS",
     "SKIP",
+    "WATCH",
     "Decision",
     "RunFacts",
     "Sightings",
@@ -57,9 +66,29 @@ __all__ = [
     "parse_duration",
 ]
 
+# The verdicts. END: ended (or would be, in a dry run). ALIVE: a sign of life, never ended.
+# WATCH: no sign of life yet either way: watched across sweeps until it shows one or has been
+# unchanged for long enough. SKIP: nothing here can judge it (no heartbeat, no lifeguard tags).
 END = "end"
 ALIVE = "alive"
+WATCH = "watch"
 SKIP = "skip"
+
+# A run is judged lost only after this many of its own heartbeat intervals without a change,
+# whatever --stale-after says: a live run shows a sign of life within one, and a beat or two
+# may be late or lost (a server restart, a busy host).
+LIVE_BEATS = 3.0
+# ... and when its owner is proven gone on this host: a run whose owner tags are wrong (copied,
+# edited) but whose writer lives would still beat within that time.
+PROOF_BEATS = 2.0
+# At least this long, whatever the interval: a second look a moment after the first proves
+# nothing, even for a run that beats every second.
+PROOF_FLOOR = 5.0
+# Runs that record no interval (tagged by an earlier lifeguard, whose default --stale-after was
+# 15 minutes): at least that long.
+LEGACY_PATIENCE = 900.0
+# The longest interval a run's tag is believed: the heartbeat option's own maximum.
+MAX_INTERVAL = 3600.0
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 # Ten years: beyond it a duration is a typo, and far beyond it float arithmetic stops meaning
@@ -131,9 +160,20 @@ def _plugin_schemes() -> set[str]:
 
 
 class RunFacts:
-    """What the sweep knows of one RUNNING run."""
+    """What the sweep knows of one RUNNING run: everything it can read of it, since any change
+    to any of it is a sign of life."""
 
-    __slots__ = ("run_id", "experiment_id", "start_time", "tags", "last_metric_time")
+    __slots__ = (
+        "run_id",
+        "experiment_id",
+        "start_time",
+        "tags",
+        "last_metric_time",
+        "end_time",
+        "params",
+        "metrics",
+        "status",
+    )
 
     def __init__(
         self,
@@ -142,12 +182,24 @@ class RunFacts:
         start_time: int,
         tags: dict[str, str],
         last_metric_time: int | None = None,
+        *,
+        end_time: int | None = None,
+        params: dict[str, str] | None = None,
+        metrics: Iterable[tuple[str, int, int, float]] = (),
+        status: str = "RUNNING",
     ) -> None:
         self.run_id = run_id
         self.experiment_id = experiment_id
         self.start_time = start_time
         self.tags = tags
+        # Each metric's latest (key, timestamp, step, value), as the server reports it.
+        self.metrics = tuple(sorted(metrics))
+        if last_metric_time is None and self.metrics:
+            last_metric_time = max(m[1] for m in self.metrics)
         self.last_metric_time = last_metric_time
+        self.end_time = end_time
+        self.params = params or {}
+        self.status = status
 
     def heartbeat(self) -> int | None:
         try:
@@ -155,17 +207,50 @@ class RunFacts:
         except (KeyError, ValueError):
             return None
 
+    def heartbeat_interval(self) -> float | None:
+        """Seconds between this run's heartbeats as its owner recorded them (0: heartbeats
+        off); None when not recorded or not a number (an earlier lifeguard, a damaged tag)."""
+        try:
+            interval = float(self.tags[TAG_HEARTBEAT_INTERVAL])
+        except (KeyError, ValueError):
+            return None
+        if not interval >= 0:  # nan, negative
+            return None
+        return min(interval, MAX_INTERVAL)
+
+    def resumed_without_lifeguard(self) -> bool:
+        """RUNNING with an end time: the run was ended and resumed since. Its owner tags name
+        the process that resumed it only if that process recorded this very end time when it
+        took the run over (heartbeat.py); otherwise a program without lifeguard resumed it, and
+        the tags name someone who no longer holds it."""
+        if self.end_time is None:
+            return False
+        return self.tags.get(TAG_RESUMED_END) != str(self.end_time)
+
     def last_sign_of_life(self) -> int:
         candidates = [self.start_time, self.heartbeat(), self.last_metric_time]
         return max(t for t in candidates if t is not None)
 
     def sign(self) -> str:
-        """What changes while the run lives: its heartbeat and its last metric, as written."""
-        return f"{self.tags.get(TAG_HEARTBEAT, '')}|{self.last_metric_time}"
+        """A digest of everything that changes while a run lives: its tags (the heartbeat among
+        them), params, each metric's latest value, status and end time."""
+        import hashlib
+        import json
+
+        data = [
+            self.status,
+            self.end_time,
+            self.last_metric_time,
+            sorted(self.tags.items()),
+            sorted(self.params.items()),
+            [list(m) for m in self.metrics],
+        ]
+        text = json.dumps(data, separators=(",", ":"), default=str)
+        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 class Decision:
-    __slots__ = ("run_id", "experiment_id", "verdict", "reason", "end_time")
+    __slots__ = ("run_id", "experiment_id", "verdict", "reason", "end_time", "patience")
 
     def __init__(
         self,
@@ -173,12 +258,15 @@ class Decision:
         verdict: str,
         reason: str,
         end_time: int | None = None,
+        patience: float | None = None,
     ) -> None:
         self.run_id = facts.run_id
         self.experiment_id = facts.experiment_id
         self.verdict = verdict
         self.reason = reason
         self.end_time = end_time
+        # Seconds unchanged this run needs before it can be judged lost (None: never, here).
+        self.patience = patience
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -193,6 +281,23 @@ class Decision:
         return f"Decision({self.run_id}, {self.verdict}, {self.reason!r})"
 
 
+def patience(facts: RunFacts, stale_after: float) -> float:
+    """Seconds a run must be seen unchanged before it is judged lost by its silence alone."""
+    interval = facts.heartbeat_interval()
+    if interval is None:
+        return max(stale_after, LEGACY_PATIENCE)
+    return max(stale_after, LIVE_BEATS * interval)
+
+
+def proof_patience(facts: RunFacts, stale_after: float) -> float:
+    """... when its owner is proven gone on this host."""
+    interval = facts.heartbeat_interval()
+    longest = patience(facts, stale_after)
+    if not interval:  # heartbeats off, or not recorded: nothing says how soon it would change
+        return longest
+    return min(longest, max(PROOF_FLOOR, PROOF_BEATS * interval))
+
+
 def decide(
     facts: RunFacts,
     *,
@@ -202,54 +307,73 @@ def decide(
     include_untagged: bool = False,
     older_than: float | None = None,
 ) -> Decision:
-    """``quiet_for``: seconds, by the sweeper's clock, that this run's sign of life has been
-    seen unchanged (:meth:`Sightings.quiet_for`); ``now_ms`` is used for untagged runs only."""
+    """``quiet_for``: seconds, by the sweeper's clock, that this run has been seen unchanged
+    (:meth:`Sightings.quiet_for`; 0 when this is the first look or it changed since the last);
+    ``now_ms`` is used for untagged runs only."""
     owner = Owner.from_tags(facts.tags)
-    if owner is None:
+    if owner is None or facts.resumed_without_lifeguard():
+        what = (
+            "no lifeguard tags"
+            if owner is None
+            else "resumed by a program without lifeguard since its owner ended it"
+        )
         if not include_untagged or older_than is None:
-            return Decision(facts, SKIP, "no lifeguard tags (use --include-untagged)")
+            return Decision(facts, SKIP, f"{what} (use --include-untagged)")
         last = facts.last_sign_of_life()
         age = (now_ms - last) / 1000
         if age <= older_than:
-            return Decision(facts, SKIP, f"untagged, active {age:.0f}s ago")
-        return Decision(facts, END, f"untagged, silent for {age:.0f}s", end_time=last)
-    elsewhere = owner.not_local_because()
-    if elsewhere is None:
-        if owner.is_alive():
-            return Decision(facts, ALIVE, f"owner pid {owner.pid} is alive on this host")
-        return Decision(
-            facts,
-            END,
-            f"owner pid {owner.pid} on {owner.host} is gone",
-            end_time=facts.last_sign_of_life(),
-        )
-    # A PID namespace nested in the sweep's (a container of this host, swept from the host's
-    # namespace) is in sight: its owner's pid can be checked after all (Owner.is_alive).
+            return Decision(facts, SKIP, f"{what}, active {age:.0f}s ago")
+        if quiet_for < stale_after:
+            return Decision(
+                facts,
+                WATCH,
+                f"{what}, silent for {age:.0f}s; unchanged here for {quiet_for:.0f}s of "
+                f"{stale_after:.0f}s",
+                patience=stale_after,
+            )
+        return Decision(facts, END, f"{what}, silent for {age:.0f}s", end_time=last)
+
     alive = owner.is_alive()
     if alive is True:
-        return Decision(facts, ALIVE, f"owner pid {owner.pid} {elsewhere}, alive (in sight here)")
+        return Decision(facts, ALIVE, f"owner pid {owner.pid} is alive on this host")
+    elsewhere = owner.not_local_because() or f"pid {owner.pid} on {owner.host}, out of sight"
+    if alive is None and (facts.heartbeat() is None or facts.heartbeat_interval() == 0):
+        return Decision(facts, SKIP, f"owner {elsewhere}, no heartbeat to judge by")
+    if quiet_for <= 0:
+        return Decision(
+            facts, ALIVE, "changed since the last look (or first seen now): a sign of life"
+        )
     if alive is False:
+        need = proof_patience(facts, stale_after)
+        gone = f"owner pid {owner.pid} on {owner.host} is gone"
+        if quiet_for < need:
+            return Decision(
+                facts,
+                WATCH,
+                f"{gone}; unchanged for {quiet_for:.0f}s of {need:.0f}s",
+                patience=need,
+            )
         return Decision(
             facts,
             END,
-            f"owner {elsewhere} lost: pid {owner.pid} is gone from its namespace (in sight here)",
+            f"{gone}, and the run unchanged for {quiet_for:.0f}s",
             end_time=facts.last_sign_of_life(),
+            patience=need,
         )
-    if facts.heartbeat() is None:
-        return Decision(facts, SKIP, f"owner {elsewhere}, no heartbeat to judge by")
-    # A metric logged after the last beat is a sign of life too (a stuck heartbeat thread):
-    # both are in the sign whose changes quiet_for follows.
-    if quiet_for < stale_after:
+    need = patience(facts, stale_after)
+    if quiet_for < need:
         return Decision(
             facts,
-            ALIVE,
-            f"owner {elsewhere}; heartbeat unchanged for {quiet_for:.0f}s of {stale_after:.0f}s",
+            WATCH,
+            f"owner {elsewhere}; unchanged for {quiet_for:.0f}s of {need:.0f}s",
+            patience=need,
         )
     return Decision(
         facts,
         END,
-        f"owner {elsewhere} lost: heartbeat unchanged for {quiet_for:.0f}s",
+        f"owner {elsewhere} lost: unchanged for {quiet_for:.0f}s",
         end_time=facts.last_sign_of_life(),
+        patience=need,
     )
 
 

@@ -25,7 +25,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from lifeguard.journal import Entry, Journal
-from lifeguard.owner import Owner, process_start_time
+from lifeguard.owner import Owner, process_start_time, start_ticks
 from tests.conftest import (
     CHILD_TIMEOUT,
     CHILDREN,
@@ -163,10 +163,8 @@ def test_the_sweeps_counts_are_the_requests_it_made(server: MlflowServer, tmp_pa
     journal = tmp_path / "journal"
     sleeper = subprocess.Popen(["sleep", "600"])
     try:
-        start = process_start_time(sleeper.pid)
-        assert start is not None
-        here = Owner.current()
-        alive = Owner(here.host, sleeper.pid, start, here.boot_id, here.pid_ns)
+        alive = Owner.of_pid(sleeper.pid)
+        assert alive is not None
         run_ids = [client.create_run("0").info.run_id for _ in range(3)]
         journal.mkdir(mode=0o700)
         for run_id in run_ids:
@@ -178,7 +176,8 @@ def test_the_sweeps_counts_are_the_requests_it_made(server: MlflowServer, tmp_pa
                 "tags": {"lifeguard.ended_by": "process", "lifeguard.reason": "killed by SIGTERM"},
                 "pid": alive.pid,
                 "writer": {"host": alive.host, "pid": alive.pid, "start_time": alive.start_time,
-                           "boot_id": alive.boot_id, "pid_ns": alive.pid_ns},
+                           "boot_id": alive.boot_id, "pid_ns": alive.pid_ns,
+                           "start_ticks": alive.start_ticks},
             }))  # fmt: skip
             path.chmod(0o600)
         done = lifeguard_cli(*sweep_args(recorder.uri, journal), timeout=300)
@@ -277,10 +276,13 @@ def test_a_writer_in_a_namespace_nested_here_is_checked(tmp_path: Path) -> None:
         pid_ns = str(os.stat(f"/proc/{init}/ns/pid").st_ino)
         start = process_start_time(sleeper)
         assert start is not None
-        live = Owner(here.host, inner, start, here.boot_id, pid_ns)
+        ticks = start_ticks(sleeper)
+        assert ticks is not None
+        live = Owner(here.host, inner, start, here.boot_id, pid_ns, ticks)
         assert live.is_alive() is True
-        assert Owner(here.host, inner, start - 50, here.boot_id, pid_ns).is_alive() is False
-        assert Owner(here.host, 77, start, here.boot_id, pid_ns).is_alive() is False
+        earlier = Owner(here.host, inner, start - 50, here.boot_id, pid_ns, ticks - 1)
+        assert earlier.is_alive() is False
+        assert Owner(here.host, 77, start, here.boot_id, pid_ns, ticks).is_alive() is False
         entry = Entry("d" * 32, "http://h", "KILLED", 1, {}, writer=live)
         assert entry.writer_alive() is True
     finally:
@@ -400,11 +402,12 @@ def test_a_reused_pid_is_not_the_writer(tmp_path: Path) -> None:
     """The writer's pid now belongs to another process (this one, started later): the writer
     is gone, and its entry is replayed."""
     here = Owner.current()
-    earlier = Owner(here.host, os.getppid(), 1_000.0, here.boot_id, here.pid_ns)
+    parent = Owner.of_pid(os.getppid())
+    assert parent is not None and parent.start_ticks is not None
+    earlier = Owner(here.host, os.getppid(), 1_000.0, here.boot_id, here.pid_ns,
+                    parent.start_ticks - 1)  # fmt: skip
     assert Entry("f" * 32, "http://h", "KILLED", 1, {}, writer=earlier).writer_alive() is False
-    parent_start = process_start_time(os.getppid())
-    assert parent_start is not None
-    parent = Owner(here.host, os.getppid(), parent_start, here.boot_id, here.pid_ns)
+    parent_start = parent.start_time
     assert Entry("f" * 32, "http://h", "KILLED", 1, {}, writer=parent).writer_alive() is True
     elsewhere = Owner("another-host", os.getppid(), parent_start, here.boot_id, here.pid_ns)
     assert Entry("f" * 32, "http://h", "KILLED", 1, {}, writer=elsewhere).writer_alive() is None

@@ -25,7 +25,7 @@ from mlflow.tracking import MlflowClient
 from lifeguard.backends.mlflow.finalizer import FLUSH_CHUNK
 from lifeguard.demo import ChildResult, run_child, wait_gone
 from lifeguard.journal import Entry, Journal
-from lifeguard.owner import Owner, process_start_time
+from lifeguard.owner import Owner, process_start_time, start_ticks
 from tests.conftest import CHILD_TIMEOUT, CHILDREN, Scenario, Store, child_env, trials
 from tests.servers import FaultProxy, MlflowServer
 
@@ -363,7 +363,11 @@ def plant(store: Store, run_id: str, pid: int, started: float | None = None) -> 
     here = Owner.current()
     start = process_start_time(pid) if started is None else started
     assert start is not None, f"no process {pid}"
-    writer = Owner(here.host, pid, start, here.boot_id, here.pid_ns)
+    ticks = start_ticks(pid)
+    assert ticks is not None, f"no process {pid}"
+    if started is not None:  # another process that had the pid before: an earlier start
+        ticks -= 1
+    writer = Owner(here.host, pid, start, here.boot_id, here.pid_ns, ticks)
     journal = Journal(str(journal_dir(store)))
     journal.write(Entry(run_id, store.uri, "KILLED", 1_700_000_000_000, {}, writer=writer))
 

@@ -197,13 +197,15 @@ def test_install_s_replay_leaves_what_a_running_process_journaled_since_the_list
     monkeypatch.setattr(replay.time, "sleep", lambda seconds: None)  # no resume to wait for
     me = Owner.current()
     # Our pid, with another start time: the process that had this pid before us, gone.
-    dead = Owner(me.host, me.pid, me.start_time - 1000, me.boot_id, me.pid_ns)
+    assert me.start_ticks is not None
+    dead = Owner(me.host, me.pid, me.start_time - 1000, me.boot_id, me.pid_ns, me.start_ticks - 1)
     running = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
                                stdin=subprocess.PIPE)  # fmt: skip
     try:
         start = process_start_time(running.pid)
         assert start is not None
-        alive = Owner(me.host, running.pid, start, me.boot_id, me.pid_ns)
+        alive = Owner.of_pid(running.pid)
+        assert alive is not None
         assert dead.is_alive() is False and alive.is_alive() is True
         run_id = "2" * 32
         journal = Journal()

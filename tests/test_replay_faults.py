@@ -42,7 +42,9 @@ def server(mlflow_server: MlflowServer) -> MlflowServer:
 def gone_writer() -> Owner:
     """A writer that no longer runs: this process's pid, as a process that had it before."""
     here = Owner.current()
-    return Owner(here.host, here.pid, here.start_time - 1000, here.boot_id, here.pid_ns)
+    assert here.start_ticks is not None
+    return Owner(here.host, here.pid, here.start_time - 1000, here.boot_id, here.pid_ns,
+                 here.start_ticks - 1)  # fmt: skip
 
 
 def replay(journal: Path) -> subprocess.CompletedProcess[str]:

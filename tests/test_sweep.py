@@ -31,7 +31,9 @@ def facts(tags: dict[str, str], start: int = 1_000, metric: int | None = None) -
     return RunFacts("r", "0", start, tags, metric)
 
 
-def owner_tags(host: str, pid: int, start: float, beat: int | None) -> dict[str, str]:
+def owner_tags(
+    host: str, pid: int, start: float, beat: int | None, interval: float | None = 60
+) -> dict[str, str]:
     tags = {
         "lifeguard.owner.host": host,
         "lifeguard.owner.pid": str(pid),
@@ -39,7 +41,21 @@ def owner_tags(host: str, pid: int, start: float, beat: int | None) -> dict[str,
     }
     if beat is not None:
         tags["lifeguard.heartbeat"] = str(beat)
+    if interval is not None:
+        tags["lifeguard.heartbeat.interval"] = f"{interval:g}"
     return tags
+
+
+def gone_here() -> dict[str, str]:
+    """Owner tags of a process of this host and namespace that is gone: our pid, started one
+    tick before us (the process that had the pid before)."""
+    from lifeguard.owner import Owner
+
+    me = Owner.current()
+    assert me.start_ticks is not None
+    earlier = Owner(me.host, me.pid, me.start_time - 3600, me.boot_id, me.pid_ns,
+                    me.start_ticks - 1)  # fmt: skip
+    return {**earlier.tags(), "lifeguard.heartbeat": "5000", "lifeguard.heartbeat.interval": "60"}
 
 
 def test_a_live_owner_on_this_host_is_never_ended() -> None:
@@ -52,24 +68,92 @@ def test_a_live_owner_on_this_host_is_never_ended() -> None:
     assert d.verdict == "alive"
 
 
-def test_a_reused_pid_does_not_keep_an_orphan_alive() -> None:
-    from lifeguard.owner import Owner
+def test_a_first_look_never_ends_a_run() -> None:
+    """Whatever the tags say (an owner proven gone here, a heartbeat a day old), a run seen for
+    the first time, or changed since the last look, shows life: it is never ended."""
+    cases = [gone_here(), owner_tags("far", 1, 1.0, 1_000), owner_tags("far", 1, 1.0, None)]
+    for tags in cases:
+        d = decide(facts(tags), now_ms=24 * HOUR_MS, stale_after=1, quiet_for=0)
+        assert d.verdict != END, d
 
-    me = Owner.current()
-    earlier = Owner(me.host, me.pid, me.start_time - 3600, me.boot_id, me.pid_ns)
-    d = decide(facts({**earlier.tags(), "lifeguard.heartbeat": "5000"}), now_ms=10_000,
-               stale_after=60)  # fmt: skip
-    assert d.verdict == END and d.end_time == 5_000
+
+def test_an_owner_proven_gone_here_ends_its_run_after_two_of_its_beats() -> None:
+    tags = gone_here()
+    early = decide(facts(tags), now_ms=10_000, stale_after=900, quiet_for=60)
+    assert early.verdict == "watch" and "is gone" in early.reason
+    d = decide(facts(tags), now_ms=10_000, stale_after=900, quiet_for=120)
+    assert d.verdict == END and d.end_time == 5_000  # the last sign of life
+    # A run that beats every 2 s still waits out the floor: a look a moment after another
+    # proves nothing.
+    fast = {**tags, "lifeguard.heartbeat.interval": "0.5"}
+    assert decide(facts(fast), now_ms=10_000, stale_after=900, quiet_for=4).verdict == "watch"
+    assert decide(facts(fast), now_ms=10_000, stale_after=900, quiet_for=5).verdict == END
 
 
 def test_other_hosts_are_judged_by_their_heartbeat() -> None:
     fresh = decide(facts(owner_tags("far", 1, 1.0, 9_000)), now_ms=10_000, stale_after=60)
-    stale = decide(facts(owner_tags("far", 1, 1.0, 1_000)), now_ms=10_000, stale_after=60,
-                   quiet_for=61)  # fmt: skip
+    young = decide(facts(owner_tags("far", 1, 1.0, 1_000)), now_ms=10_000, stale_after=200,
+                   quiet_for=199)  # fmt: skip
+    stale = decide(facts(owner_tags("far", 1, 1.0, 1_000)), now_ms=10_000, stale_after=200,
+                   quiet_for=200)  # fmt: skip
     silent = decide(facts(owner_tags("far", 1, 1.0, None)), now_ms=HOUR_MS, stale_after=60,
                     quiet_for=3600)  # fmt: skip
-    assert (fresh.verdict, stale.verdict, silent.verdict) == ("alive", END, "skip")
+    off = decide(facts(owner_tags("far", 1, 1.0, 1_000, interval=0)), now_ms=HOUR_MS,
+                 stale_after=60, quiet_for=3600)  # fmt: skip
+    verdicts = (fresh.verdict, young.verdict, stale.verdict, silent.verdict, off.verdict)
+    assert verdicts == ("alive", "watch", END, "skip", "skip")
     assert stale.end_time == 1_000  # the last heartbeat, not the sweep's time
+
+
+def test_no_run_is_judged_before_several_of_its_own_intervals() -> None:
+    """--stale-after shorter than the heartbeat: the run's own interval decides (three beats);
+    a run that records no interval (an earlier lifeguard) waits the former default, 15 min."""
+    tags = owner_tags("far", 1, 1.0, 1_000, interval=60)
+    held = decide(facts(tags), now_ms=HOUR_MS, stale_after=1, quiet_for=179)
+    assert held.verdict == "watch" and held.patience == 180
+    assert decide(facts(tags), now_ms=HOUR_MS, stale_after=1, quiet_for=180).verdict == END
+    legacy = owner_tags("far", 1, 1.0, 1_000, interval=None)
+    assert decide(facts(legacy), now_ms=HOUR_MS, stale_after=1, quiet_for=899).verdict == "watch"
+    assert decide(facts(legacy), now_ms=HOUR_MS, stale_after=1, quiet_for=900).verdict == END
+    for damaged in ("nan", "-5", "soon"):
+        tags = {**legacy, "lifeguard.heartbeat.interval": damaged}
+        assert decide(facts(tags), now_ms=HOUR_MS, stale_after=1, quiet_for=899).verdict != END
+
+
+def test_a_run_resumed_without_lifeguard_is_not_its_old_owners() -> None:
+    """RUNNING with an end time its owner tags do not know: ended by its lifeguard owner, then
+    resumed by a plain MLflow program. The tags name a process that no longer holds it."""
+    resumed = RunFacts("r", "0", 1_000, gone_here(), end_time=8_000)
+    d = decide(resumed, now_ms=HOUR_MS, stale_after=60, quiet_for=86400)
+    assert d.verdict == "skip" and "without lifeguard" in d.reason
+    # Resumed under lifeguard: the new owner recorded that end time when it took the run over.
+    claimed = RunFacts("r", "0", 1_000, {**gone_here(), "lifeguard.owner.resumed_end": "8000"},
+                       end_time=8_000)  # fmt: skip
+    assert decide(claimed, now_ms=HOUR_MS, stale_after=60, quiet_for=86400).verdict == END
+    # On request, as an untagged run: silent long enough by its own clock, and unchanged here.
+    opted = decide(resumed, now_ms=HOUR_MS, stale_after=60, quiet_for=61,
+                   include_untagged=True, older_than=60)  # fmt: skip
+    assert opted.verdict == END
+
+
+def test_every_change_to_a_run_is_a_sign_of_life() -> None:
+    base = RunFacts("r", "0", 1, {"a": "1"}, params={"p": "1"}, metrics=[("m", 5, 0, 1.0)])
+    changed = [
+        RunFacts("r", "0", 1, {"a": "2"}, params={"p": "1"}, metrics=[("m", 5, 0, 1.0)]),
+        RunFacts("r", "0", 1, {"a": "1", "b": ""}, params={"p": "1"}, metrics=[("m", 5, 0, 1.0)]),
+        RunFacts("r", "0", 1, {"a": "1"}, params={"p": "1", "q": "2"}, metrics=[("m", 5, 0, 1.0)]),
+        RunFacts("r", "0", 1, {"a": "1"}, params={"p": "1"}, metrics=[("m", 6, 0, 1.0)]),
+        RunFacts("r", "0", 1, {"a": "1"}, params={"p": "1"}, metrics=[("m", 5, 1, 1.0)]),
+        RunFacts("r", "0", 1, {"a": "1"}, params={"p": "1"}, metrics=[("m", 5, 0, 2.0)]),
+        RunFacts("r", "0", 1, {"a": "1"}, params={"p": "1"},
+                 metrics=[("m", 5, 0, 1.0), ("n", 1, 0, 0.0)]),
+        RunFacts("r", "0", 1, {"a": "1"}, params={"p": "1"}, metrics=[("m", 5, 0, 1.0)],
+                 end_time=9),
+    ]  # fmt: skip
+    signs = {base.sign(), *(c.sign() for c in changed)}
+    assert len(signs) == len(changed) + 1
+    same = RunFacts("r", "0", 1, {"a": "1"}, params={"p": "1"}, metrics=[("m", 5, 0, 1.0)])
+    assert same.sign() == base.sign()
 
 
 def test_the_writers_clock_is_never_compared_with_the_sweepers() -> None:
@@ -82,7 +166,12 @@ def test_the_writers_clock_is_never_compared_with_the_sweepers() -> None:
 
 @pytest.mark.parametrize(
     "mismatch",
-    ["no boot id or namespace (an earlier lifeguard)", "another PID namespace", "another boot"],
+    [
+        "no boot id or namespace (an earlier lifeguard)",
+        "no start ticks (an earlier lifeguard)",
+        "another PID namespace",
+        "another boot",
+    ],
 )
 def test_same_hostname_is_not_same_host(mismatch: str) -> None:
     """A container sharing the host's hostname (pid 1 in its own PID namespace), a reboot, an
@@ -90,16 +179,19 @@ def test_same_hostname_is_not_same_host(mismatch: str) -> None:
     from lifeguard.owner import Owner
 
     me = Owner.current()
-    boot, ns = me.boot_id, me.pid_ns
+    boot, ns, ticks = me.boot_id, me.pid_ns, me.start_ticks
     if mismatch.startswith("no boot"):
         boot = ns = None
+    elif mismatch.startswith("no start ticks"):
+        ticks = None
     elif mismatch == "another PID namespace":
         ns = "4026539999"
     else:
         boot = "00000000-0000-0000-0000-000000000000"
-    tags = {**Owner(me.host, 1, 1.0, boot, ns).tags(), "lifeguard.heartbeat": "1000"}
+    tags = {**Owner(me.host, 1, 1.0, boot, ns, ticks).tags(), "lifeguard.heartbeat": "1000",
+            "lifeguard.heartbeat.interval": "10"}  # fmt: skip
     young = decide(facts(tags), now_ms=HOUR_MS, stale_after=60, quiet_for=30)
-    assert young.verdict == "alive" and "gone" not in young.reason
+    assert young.verdict == "watch" and "gone" not in young.reason
     old = decide(facts(tags), now_ms=HOUR_MS, stale_after=60, quiet_for=61)
     assert old.verdict == END and "lost" in old.reason
 
@@ -146,8 +238,11 @@ def test_sightings_forget_runs_no_longer_running(tmp_path: Path) -> None:
 
 def test_untagged_runs_need_an_explicit_opt_in() -> None:
     old = facts({}, start=1_000)
-    assert decide(old, now_ms=HOUR_MS, stale_after=60).verdict == "skip"
-    opted = decide(old, now_ms=HOUR_MS, stale_after=60, include_untagged=True, older_than=60)
+    assert decide(old, now_ms=HOUR_MS, stale_after=60, quiet_for=61).verdict == "skip"
+    first = decide(old, now_ms=HOUR_MS, stale_after=60, include_untagged=True, older_than=60)
+    assert first.verdict == "watch"  # silent by its own clock, but not yet watched here
+    opted = decide(old, now_ms=HOUR_MS, stale_after=60, quiet_for=61, include_untagged=True,
+                   older_than=60)  # fmt: skip
     assert opted.verdict == END and opted.end_time == 1_000
     young = facts({}, start=HOUR_MS - 1_000)
     kept = decide(young, now_ms=HOUR_MS, stale_after=60, include_untagged=True, older_than=60)
@@ -227,12 +322,14 @@ def test_sweep_ends_orphans_and_nothing_else(
     now = int(time.time() * 1000)
     here = socket.gethostname()
 
-    dead, alive = Program(store, server.uri), Program(store, server.uri)
+    # Heartbeats every second, as every run here records: the sweep waits several of them.
+    dead = Program(store, server.uri, LIFEGUARD_HEARTBEAT="1")
+    alive = Program(store, server.uri, LIFEGUARD_HEARTBEAT="1")
     killed_at = int(time.time() * 1000)
     dead.kill()  # SIGKILL, no watchdog: nothing in the process could end its run
     lost = client.create_run(exp, start_time=now - 2 * HOUR_MS,
-                             tags=owner_tags("lost-node", 4242, 1.0, now - HOUR_MS))  # fmt: skip
-    far = client.create_run(exp, tags=owner_tags("busy-node", 4242, 1.0, now))
+                             tags=owner_tags("lost-node", 4242, 1.0, now - HOUR_MS, 1))  # fmt: skip
+    far = client.create_run(exp, tags=owner_tags("busy-node", 4242, 1.0, now, 1))
     silent = client.create_run(exp, tags=owner_tags("quiet-node", 7, 1.0, None))
     old_untagged = client.create_run(exp, start_time=now - 3 * 24 * HOUR_MS)
     new_untagged = client.create_run(exp)
@@ -253,21 +350,22 @@ def test_sweep_ends_orphans_and_nothing_else(
         client.set_tag(far.info.run_id, "lifeguard.heartbeat", str(int(time.time() * 1000)))
 
     try:
-        # A dry run decides and writes nothing to the server. Remote heartbeats are judged by
-        # how long this sweeper has seen them unchanged: the first sighting ends nothing.
+        # A dry run decides and writes nothing to the server. Runs are judged by how long this
+        # sweeper has seen them unchanged: the first sighting ends nothing, not even the run of
+        # an owner proven gone here.
         dry = run_sweep(proxy.uri, "--dry-run", *stale, journal=journal)
         assert dry.returncode == 0, dry.stderr
         verdicts = {d["run_id"]: d["verdict"] for d in json.loads(dry.stdout)["decisions"]}
-        assert verdicts[ids["dead"]] == "end"
-        assert verdicts[ids["alive"]] == verdicts[ids["far"]] == verdicts[ids["lost"]] == "alive"
+        assert verdicts[ids["dead"]] == verdicts[ids["alive"]] == "alive"
+        assert verdicts[ids["far"]] == verdicts[ids["lost"]] == "alive"
         assert verdicts[ids["silent"]] == verdicts[ids["old_untagged"]] == "skip"
         assert set(statuses().values()) == {"RUNNING"}
 
         # Sweep after sweep, the lost run's heartbeat stays put: after 3 s it is judged lost,
-        # while the beating one never is.
+        # and the dead owner's after 5 s, while the beating one never is.
         deadline = time.monotonic() + 180
-        while verdicts[ids["lost"]] != "end":
-            assert time.monotonic() < deadline, "the lost run was never judged lost"
+        while verdicts[ids["lost"]] != "end" or verdicts[ids["dead"]] != "end":
+            assert time.monotonic() < deadline, f"never judged lost: {verdicts}"
             beat_far()
             dry = run_sweep(proxy.uri, "--dry-run", *stale, journal=journal)
             assert dry.returncode == 0, dry.stderr

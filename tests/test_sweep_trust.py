@@ -30,7 +30,7 @@ from mlflow.tracking import MlflowClient
 
 from lifeguard import cli
 from lifeguard.journal import Entry
-from lifeguard.owner import Owner, process_start_time
+from lifeguard.owner import Owner, process_start_time, start_ticks
 from tests.conftest import CHILDREN, Store, wait_gone
 from tests.servers import MlflowServer, free_port
 from tests.test_journal import PLANTS
@@ -392,6 +392,7 @@ def test_no_secret_from_a_sweep_of_a_dead_or_refusing_server(
     # A process that is gone: it journaled statuses, and owns a run.
     sleeper = subprocess.Popen(["sleep", "600"])
     start = process_start_time(sleeper.pid)
+    ticks = start_ticks(sleeper.pid)
     assert start is not None
     sleeper.send_signal(signal.SIGKILL)
     sleeper.wait(30)
@@ -408,7 +409,7 @@ def test_no_secret_from_a_sweep_of_a_dead_or_refusing_server(
     # A server that reads fine and refuses every write, quoting the credentials it got.
     client = MlflowClient(tracking_uri=server.uri)
     me = Owner.current()
-    gone = Owner(me.host, sleeper.pid, start, me.boot_id, me.pid_ns)  # a dead owner, here
+    gone = Owner(me.host, sleeper.pid, start, me.boot_id, me.pid_ns, ticks)  # a dead owner, here
     orphan = client.create_run("0", tags=gone.tags()).info.run_id
     recorder = Recorder(server.port)
     recorder.mode = "deny-writes"

@@ -156,11 +156,19 @@ class Evidence:
         from lifeguard.owner import Owner
 
         parts = item.arg.split(" ")
-        if len(parts) != 3 or not parts[2]:
+        if len(parts) == 3:
+            parts.append("-")  # a lifeguard from before start ticks were announced
+        if len(parts) != 4 or not parts[2]:
             return
-        boot, ns, host = (None if part == "-" else part for part in parts)
+        boot, ns, host, ticks = (None if part == "-" else part for part in parts)
+        try:
+            start_ticks = None if ticks is None else int(ticks)
+        except ValueError:
+            return
         if host is not None:
-            self.owners.setdefault(item.pid, Owner(host, item.pid, item.start_time, boot, ns))
+            self.owners.setdefault(
+                item.pid, Owner(host, item.pid, item.start_time, boot, ns, start_ticks)
+            )
 
     def owner(self, pid: int) -> Owner:
         """The full identity of ``pid`` as it announced it. A process that announced none (a

@@ -20,7 +20,7 @@ from mlflow.tracking.context.abstract_context import RunContextProvider
 from lifeguard.backends.mlflow import active
 from lifeguard.backends.mlflow.heartbeat import now_ms, start_for
 from lifeguard.lifecycle import current
-from lifeguard.names import TAG_HEARTBEAT
+from lifeguard.names import TAG_HEARTBEAT, TAG_HEARTBEAT_INTERVAL
 from lifeguard.owner import Owner
 
 TYPE_CHECKING = False
@@ -99,7 +99,14 @@ class OwnerRunContext(RunContextProvider):
         # The first beat rides along with the run's creation: free.
         # A preemption warning that came before this run started: the callbacks ran then, but
         # only runs that existed were tagged.
-        return {**_owner.tags(), TAG_HEARTBEAT: stamp, **active.extra_tags()}
+        interval = lifecycle.options.heartbeat if lifecycle is not None else 0.0
+        return {
+            **_owner.tags(),
+            TAG_HEARTBEAT: stamp,
+            # What the sweep must allow for before judging this run lost (sweep.LIVE_BEATS).
+            TAG_HEARTBEAT_INTERVAL: f"{interval:g}",
+            **active.extra_tags(),
+        }
 
 
 def _start_heartbeat_if_installed() -> None:

@@ -27,7 +27,12 @@ import time
 from lifeguard._log import logger
 from lifeguard._threads import take_no_signals
 from lifeguard.backends.mlflow import active
-from lifeguard.names import TAG_HEARTBEAT
+from lifeguard.names import (
+    TAG_ENDED_BY,
+    TAG_HEARTBEAT,
+    TAG_HEARTBEAT_INTERVAL,
+    TAG_RESUMED_END,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -144,7 +149,11 @@ class Heartbeat:
                 from mlflow.entities import RunTag
 
                 # With the owner: a preemption warning that came before the resume.
-                tags = {**Owner.current().tags(), **active.extra_tags()}
+                tags = {
+                    **Owner.current().tags(),
+                    TAG_HEARTBEAT_INTERVAL: f"{self.interval:g}",
+                    **active.extra_tags(),
+                }
                 owner_tags = [RunTag(k, v) for k, v in tags.items()]
                 for run in resumed:
                     run_id = run.info.run_id  # type: ignore[attr-defined]
@@ -156,18 +165,23 @@ class Heartbeat:
                     _announce(store, getattr(run.info, "experiment_id", None))  # type: ignore[attr-defined]
                     client.log_batch(run_id, tags=owner_tags)
                     _resume_again(client, run_id)
+                    _claim_resume(client, run_id)
                     self._adopted.add(run_id)
                     logger().debug("lifeguard: adopted resumed run %s", run_id)
             store_of = stores.of_active_runs(fluent)
             stamp = str(now_ms())
-            run_ids = owned_active_runs(fluent)
+            fluent_runs = owned_active_runs(fluent)
+            run_ids = list(fluent_runs)
             # Runs on no active-run stack (Lightning's MLFlowLogger): one search per beat,
             # only in a process that created such runs.
             run_ids += runs_created_outside_fluent(client, Owner.current(), run_ids)
             for run_id in run_ids:
                 if self._stop.is_set():
                     break
-                client_of(run_id).set_tag(run_id, TAG_HEARTBEAT, stamp)
+                run_client = client_of(run_id)
+                if run_id in fluent_runs:
+                    _revive_if_swept(run_client, run_id)
+                run_client.set_tag(run_id, TAG_HEARTBEAT, stamp)
                 beaten += 1
         except Exception as exc:  # noqa: BLE001 - a heartbeat must never hurt the program
             if not self._failing:
@@ -206,6 +220,44 @@ def _resume_again(client: MlflowClient, run_id: str) -> None:
             run_id,
             info.status,
         )
+
+
+def _claim_resume(client: MlflowClient, run_id: str) -> None:
+    """Record the end time the run has now that this process holds it (MLflow's resume keeps
+    the previous one): the sweep tells a run resumed under lifeguard, whose owner tags are its
+    holder's, from one resumed since by a program without lifeguard (``TAG_RESUMED_END``)."""
+    end_time = client.get_run(run_id).info.end_time
+    if end_time is not None:
+        client.set_tag(run_id, TAG_RESUMED_END, str(end_time))
+
+
+def _revive_if_swept(client: MlflowClient, run_id: str) -> None:
+    """A run of this live process that a sweep ended is RUNNING again. A sweep judges by
+    silence; a process whose beats could not land for a while (a network partition, a main
+    thread that held the GIL for minutes) was silent but alive, and its own ending must be the
+    one that stays. Costs one read per run per beat."""
+    run = client.get_run(run_id)
+    info = run.info
+    if info.status == "RUNNING" or info.lifecycle_stage == "deleted":
+        return
+    if run.data.tags.get(TAG_ENDED_BY) != "sweep":
+        return  # ended by the program, the user or a guardian: theirs to say
+    client.update_run(run_id, status="RUNNING")  # as MLflow's resume: end_time kept
+    if info.end_time is not None:
+        client.set_tag(run_id, TAG_RESUMED_END, str(info.end_time))
+    # The sweep's account of an ending that did not happen; the process's own ending writes
+    # these again. Without them, a later ending by someone else is not taken for the sweep's.
+    for key in (TAG_ENDED_BY, "lifeguard.outcome", "lifeguard.reason"):
+        try:
+            client.delete_tag(run_id, key)
+        except Exception:  # noqa: BLE001 - already gone (another beat, another writer)
+            pass
+    logger().warning(
+        "run %s was ended %s by `lifeguard sweep` while this process was alive (its heartbeat "
+        "could not land for a while); it is RUNNING again",
+        run_id,
+        info.status,
+    )
 
 
 def _announce(store: Store, experiment_id: str | None) -> None:

@@ -29,9 +29,17 @@ from lifeguard.backends.mlflow.runs import (
 )
 from lifeguard.journal import Journal
 from lifeguard.names import TAG_ENDED_BY
-from lifeguard.owner import Owner
 from lifeguard.redact import redact, redact_uri
-from lifeguard.sweep import END, SKIP, Decision, RunFacts, Sightings, decide
+from lifeguard.sweep import (
+    END,
+    LEGACY_PATIENCE,
+    LIVE_BEATS,
+    SKIP,
+    Decision,
+    RunFacts,
+    Sightings,
+    decide,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -113,7 +121,7 @@ def sweep(
                         facts,
                         now_ms=now,
                         stale_after=stale_after,
-                        quiet_for=_quiet_for(sightings, facts),
+                        quiet_for=sightings.quiet_for(facts),
                         include_untagged=include_untagged,
                         older_than=older_than,
                     )
@@ -134,6 +142,7 @@ def sweep(
             sightings.save(experiment_ids)
         except OSError as exc:
             raise SweepError(redact(f"cannot record what this sweep saw: {exc}")) from None
+        _hold_back_note(report.decisions, stale_after)
         if not dry_run:
             _leave_journaled(report.decisions, journal)
         to_end = [d for d in report.decisions if d.verdict == END]
@@ -165,12 +174,22 @@ def _leave_journaled(decisions: list[Decision], journal: Journal) -> None:
             decision.reason = "its status is journaled, not written yet; a replay writes it"
 
 
-def _quiet_for(sightings: Sightings, facts: RunFacts) -> float:
-    """Only runs judged by their heartbeat are watched over time."""
-    owner = Owner.from_tags(facts.tags)
-    if owner is None or facts.heartbeat() is None or owner.is_local():
-        return 0.0
-    return sightings.quiet_for(facts)
+def _hold_back_note(decisions: list[Decision], stale_after: float) -> None:
+    """One line when --stale-after is shorter than some runs' own patience (several of their
+    heartbeat intervals, sweep.LIVE_BEATS): those runs are judged by theirs, not by it."""
+    held = [d.patience for d in decisions if d.patience is not None and d.patience > stale_after]
+    if held:
+        logger().warning(
+            "%d run(s) are judged lost only after %.0fs to %.0fs unchanged, not --stale-after "
+            "%.0fs: a run is never judged before %.0f of its own heartbeat intervals (or %.0fs "
+            "for a run that records none) have passed",
+            len(held),
+            min(held),
+            max(held),
+            stale_after,
+            LIVE_BEATS,
+            LEGACY_PATIENCE,
+        )
 
 
 def _experiment_ids(client: MlflowClient, wanted: Sequence[str]) -> list[str]:
@@ -191,13 +210,15 @@ def _experiment_ids(client: MlflowClient, wanted: Sequence[str]) -> list[str]:
 def _running(client: MlflowClient, experiment_ids: list[str]) -> Iterator[RunFacts]:
     for run in iter_running(client, experiment_ids):
         metrics = getattr(run.data, "_metric_objs", None) or []
-        last_metric = max((m.timestamp for m in metrics), default=None)
         yield RunFacts(
             run.info.run_id,
             run.info.experiment_id,
             run.info.start_time or 0,
             dict(run.data.tags),
-            last_metric,
+            end_time=run.info.end_time,
+            params=dict(run.data.params),
+            metrics=[(m.key, m.timestamp, m.step, m.value) for m in metrics],
+            status=run.info.status,
         )
 
 
