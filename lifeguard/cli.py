@@ -14,6 +14,9 @@ if TYPE_CHECKING:
     from lifeguard.backends.mlflow.sweep import SweepReport
 
 COMMANDS = ("demo", "run", "sweep")
+# --stale-after's default (lifeguard.sweep.DEFAULT_STALE_AFTER, which cannot be imported here
+# without the sweep's imports: the CLI starts with nothing but argparse).
+DEFAULT_STALE_AFTER = 180.0
 
 
 def _seconds_option(option: str) -> Callable[[str], float]:
@@ -119,10 +122,13 @@ def build_parser() -> argparse.ArgumentParser:
         "sweep",
         help="end the orphaned RUNNING runs on a tracking server, never a live one",
         description=(
-            "End RUNNING runs whose process is gone: on this host when the owner pid is gone, "
-            "elsewhere when the heartbeat is older than --stale-after. Journaled statuses are "
+            "End RUNNING runs whose process is gone, never a live one. A run is ended only "
+            "after this sweeper has seen it unchanged (no new heartbeat, metric, param, tag or "
+            "status) for --stale-after and for 3 of its own heartbeat intervals, or for 2 "
+            "intervals when its owner is proven gone on this host; the first look never ends "
+            "a run. Sightings are kept in --journal-dir between sweeps. Journaled statuses are "
             "written first. Runs without lifeguard tags are left alone unless "
-            "--include-untagged --older-than D."
+            "--include-untagged --older-than D. With --every, it runs as a service."
         ),
     )
     sweep.add_argument(
@@ -138,8 +144,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="only these experiments (repeatable; default: all)",
     )
     sweep.add_argument(
-        "--stale-after", type=_duration, default=900.0, metavar="DURATION",
-        help="a heartbeat older than this means the node is lost (default: 15m)",
+        "--stale-after", type=_duration, default=DEFAULT_STALE_AFTER, metavar="DURATION",
+        help="how long a run must be seen unchanged, across sweeps, to be judged lost; never "
+        "less than 3 of the run's own heartbeat intervals (default: 3m)",
+    )  # fmt: skip
+    sweep.add_argument(
+        "--every", type=_duration, metavar="DURATION",
+        help="run as a service: sweep, wait DURATION, sweep again, until SIGTERM or Ctrl-C "
+        "(e.g. 30s; one summary line per sweep, or one JSON document per line with --json)",
     )  # fmt: skip
     sweep.add_argument(
         "--include-untagged", action="store_true",
@@ -200,7 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error("run: no command given (usage: lifeguard run [--deadline S] -- CMD)")
         return _supervise(cmd, args.deadline)
     if args.command == "sweep":
-        return _sweep(args)
+        return _sweep(args) if args.every is None else _sweep_service(args)
     parser.print_help(sys.stderr)
     return 2
 
@@ -234,7 +246,9 @@ def _supervise(cmd: list[str], deadline: float | None) -> int:
         return 127
 
 
-def _sweep(args: argparse.Namespace) -> int:
+def _sweep(args: argparse.Namespace, compact: bool = False) -> int:
+    """One sweep. ``compact`` (a service's later sweeps): the table shows only the runs that
+    were ended or failed to be, and the summary line."""
     import json
 
     from lifeguard.redact import redact, redact_uri, remember_uri
@@ -291,9 +305,9 @@ def _sweep(args: argparse.Namespace) -> int:
     pending = refused_by_server + not_sent
     if args.json:
         print(json.dumps(_redacted({"tracking_uri": shown_uri, "dry_run": args.dry_run,
-                                    **report.as_dict()})))  # fmt: skip
+                                    **report.as_dict()})), flush=True)  # fmt: skip
     else:
-        _print_table(report, args.dry_run)
+        _print_table(report, args.dry_run, compact)
     if refused_by_server:
         sys.stderr.write(
             f"lifeguard sweep: {shown_uri} did not accept {refused_by_server} journaled "
@@ -322,6 +336,40 @@ def _sweep(args: argparse.Namespace) -> int:
     return 1 if pending or report.errors or report.refused else 0
 
 
+def _sweep_service(args: argparse.Namespace) -> int:
+    """``lifeguard sweep --every D``: a sweep, a wait of D, another, until SIGTERM, SIGINT or
+    SIGHUP. One long-lived process imports MLflow once and keeps its sightings between sweeps
+    (in --journal-dir, as a scheduled sweep does), so that a lost node's runs are ended a few
+    minutes after their last beat. A sweep that fails (the server down) is reported and the
+    next one tried; a usage error stops it at once. Stopped while waiting, it exits 0; stopped
+    in the middle of a sweep, it dies of that signal at once (a sweep cut anywhere loses
+    nothing: the next one reaches the same decisions)."""
+    import signal
+    import threading
+
+    stop = threading.Event()
+    sweeping = False
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.set()
+        if sweeping:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, on_signal)
+    rounds = 0
+    while not stop.is_set():
+        sweeping = True
+        status = _sweep(args, compact=rounds > 0)
+        sweeping = False
+        if status == 2:
+            return 2  # a usage error: the next sweep would say the same
+        rounds += 1
+        stop.wait(args.every)
+    return 0
+
+
 def _redacted(value: object) -> object:
     """Every string in a JSON-able value, redacted (field by field: the JSON stays valid)."""
     from lifeguard.redact import redact
@@ -341,24 +389,29 @@ def _log_to_stderr() -> None:
 
     from lifeguard._log import logger
 
+    log = logger()
+    if any(getattr(h, "_lifeguard_cli", False) for h in log.handlers):
+        return  # a service's later sweeps: one handler, one line per message
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
-    log = logger()
+    handler._lifeguard_cli = True  # type: ignore[attr-defined]
     log.addHandler(handler)
     log.setLevel(logging.WARNING)
     log.propagate = False
 
 
-def _print_table(report: SweepReport, dry_run: bool) -> None:
+def _print_table(report: SweepReport, dry_run: bool, compact: bool = False) -> None:
+    decisions = [d for d in report.decisions if not compact or d.verdict == "end"]
     rows = [
         (d.run_id, d.experiment_id, _verdict(d.verdict, d.run_id, report, dry_run), d.reason)
-        for d in report.decisions
+        for d in decisions
     ]
-    headers = ("run", "experiment", "verdict", "why")
-    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
-    print("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip())
-    for row in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    if rows or not compact:
+        headers = ("run", "experiment", "verdict", "why")
+        widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+        print("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip())
+        for row in rows:
+            print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
     counts: dict[str, int] = {}
     for d in report.decisions:
         counts[d.verdict] = counts.get(d.verdict, 0) + 1
@@ -366,9 +419,10 @@ def _print_table(report: SweepReport, dry_run: bool) -> None:
     print(
         f"{len(report.decisions)} RUNNING run(s) decided in {report.seconds:.2f}s: "
         f"{len(report.ended)} ended, {counts.get('alive', 0)} alive, "
-        f"{counts.get('skip', 0)} left alone"
+        f"{counts.get('watch', 0)} watched, {counts.get('skip', 0)} left alone"
         + (" (dry run: nothing written)" if dry_run else "")
-        + (f"; journal: {journal.get('ended', 0)} replayed" if journal else "")
+        + (f"; journal: {journal.get('ended', 0)} replayed" if journal else ""),
+        flush=True,
     )
 
 

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ALIVE",
+    "DEFAULT_STALE_AFTER",
     "END",
     "LEGACY_PATIENCE",
     "LIVE_BEATS",
@@ -84,6 +85,9 @@ PROOF_BEATS = 2.0
 # At least this long, whatever the interval: a second look a moment after the first proves
 # nothing, even for a run that beats every second.
 PROOF_FLOOR = 5.0
+# --stale-after's default: three beats at the default interval (60 s). A lost node's runs are then
+# ended about 3 minutes after their last beat, plus up to two periods of a `--every` service.
+DEFAULT_STALE_AFTER = 180.0
 # Runs that record no interval (tagged by an earlier lifeguard, whose default --stale-after was
 # 15 minutes): at least that long.
 LEGACY_PATIENCE = 900.0
@@ -401,8 +405,12 @@ class Sightings:
         self.path = os.path.join(directory, STATE_NAME)
         self.server = redact_uri(server)
         self.boot_id = Owner.current().boot_id
-        self.wall_ms = int(time.time() * 1000)
-        self.up = _uptime()
+        # When this sweep began reading the server: the "now" every age is measured to. A sign
+        # first seen in this sweep is stamped when the reading ended (finished_reading), so an
+        # age is never longer than the run was really seen unchanged: from the end of the read
+        # that first saw it to the start of the read that sees it again.
+        self.wall_ms = self.read_wall_ms = int(time.time() * 1000)
+        self.up = self.read_up = _uptime()
         self._data: dict[str, dict[str, dict[str, object]]] = {}
         self._seen: dict[str, dict[str, object]] = {}
         # In a directory that is not private, nothing is read or written: every remote run is
@@ -442,12 +450,24 @@ class Sightings:
             )
         return self
 
+    def finished_reading(self) -> None:
+        """The server has been read: signs first seen in this sweep are stamped now."""
+        self.read_wall_ms = int(time.time() * 1000)
+        self.read_up = _uptime()
+
     def quiet_for(self, facts: RunFacts) -> float:
         """Seconds this sweeper has seen ``facts``' sign of life unchanged (0 when it is new)."""
         sign = facts.sign()
         prev = self._data.get(self.server, {}).get(facts.run_id)
         if not isinstance(prev, dict) or prev.get("sign") != sign:
-            prev = {"sign": sign, "wall": self.wall_ms, "boot": self.boot_id, "up": self.up}
+            self._seen[facts.run_id] = {
+                "sign": sign,
+                "wall": self.read_wall_ms,
+                "boot": self.boot_id,
+                "up": self.read_up,
+                "exp": facts.experiment_id,
+            }
+            return 0.0
         prev["exp"] = facts.experiment_id
         self._seen[facts.run_id] = prev
         up, boot, wall = prev.get("up"), prev.get("boot"), prev.get("wall")

@@ -461,8 +461,8 @@ def test_sightings_in_a_directory_not_ours_count_for_nothing(tmp_path: Path) -> 
     mine = Sightings(str(journal), "http://h").load()
     # "First seen" two hours ago on both clocks. (Not at boot, up = 0.0: the boot clock then
     # says the machine's uptime, under an hour on a machine just started.)
-    mine.wall_ms -= 7_200_000
-    mine.up = (mine.up or 0.0) - 7200.0
+    mine.read_wall_ms -= 7_200_000
+    mine.read_up = (mine.read_up or 0.0) - 7200.0
     mine.quiet_for(run)
     mine.save(["0"])
     assert Sightings(str(journal), "http://h").load().quiet_for(run) > 3600  # trusted: read

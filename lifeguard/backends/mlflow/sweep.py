@@ -31,6 +31,7 @@ from lifeguard.journal import Journal
 from lifeguard.names import TAG_ENDED_BY
 from lifeguard.redact import redact, redact_uri
 from lifeguard.sweep import (
+    DEFAULT_STALE_AFTER,
     END,
     LEGACY_PATIENCE,
     LIVE_BEATS,
@@ -90,7 +91,7 @@ def sweep(
     tracking_uri: str,
     *,
     experiments: Sequence[str] = (),
-    stale_after: float = 900.0,
+    stale_after: float = DEFAULT_STALE_AFTER,
     include_untagged: bool = False,
     older_than: float | None = None,
     dry_run: bool = False,
@@ -115,7 +116,9 @@ def sweep(
         try:
             experiment_ids = _experiment_ids(client, experiments)
             now = int(time.time() * 1000)
-            for facts in _running(client, experiment_ids):
+            running = list(_running(client, experiment_ids))
+            sightings.finished_reading()
+            for facts in running:
                 report.decisions.append(
                     decide(
                         facts,

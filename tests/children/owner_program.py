@@ -1,0 +1,45 @@
+"""A program that holds runs on a shared tracking server, for the sweep's tests: it starts (or
+resumes) its runs, prints the demo's ready line with their ids and its own pid, and lives until
+its stdin closes; then it returns from main (FINISHED).
+
+``--runs K``: K runs, nested on its active-run stack (each one beats). ``--plain``: plain MLflow,
+no lifeguard (a program from before lifeguard, or that never adopted it). ``--resume RUN_ID``:
+resume that run (``mlflow.start_run(run_id=...)``) instead of starting new ones, as an
+evaluation script does after training. ``--metric``: log one metric once ready.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--runs", type=int, default=1)
+parser.add_argument("--plain", action="store_true")
+parser.add_argument("--resume")
+parser.add_argument("--metric", action="store_true")
+args = parser.parse_args()
+
+if not args.plain:
+    import lifeguard
+
+    lifeguard.install()
+
+import mlflow  # noqa: E402 - after install(), as a program adopting lifeguard writes it
+
+from lifeguard import demo  # noqa: E402
+
+if args.resume:
+    runs = [mlflow.start_run(run_id=args.resume)]
+else:
+    runs = [mlflow.start_run(nested=i > 0) for i in range(args.runs)]
+if args.metric:
+    mlflow.log_metric("loss", 1.0)
+ready = {"run_ids": [run.info.run_id for run in runs], "pid": os.getpid()}
+sys.stdout.write(demo.READY + json.dumps(ready) + "\n")
+sys.stdout.flush()
+sys.stdin.read()
+for _ in runs:
+    mlflow.end_run()
