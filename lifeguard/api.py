@@ -133,6 +133,7 @@ def _connect_guardian(lifecycle: Lifecycle) -> None:
     from lifeguard.channel import WATCHDOG, Channel
 
     channel = lifecycle.channel or Channel.from_env()
+    inherited = channel is not None and channel is not lifecycle.channel
     if channel is None and lifecycle.options.watchdog and os.getpid() != 1:
         from lifeguard.guardian import watchdog
 
@@ -145,6 +146,10 @@ def _connect_guardian(lifecycle: Lifecycle) -> None:
 
     # A guardian writes what this process journaled when it dies: a replayer this process
     # leaves behind waits for the guardian to be done, and writes only what it left.
+    # The supervisor is the parent; so is PID 1 when it handed its watchdog's channel on
+    # across an exec of the program (guardian/init.py).
+    if inherited and channel.role == WATCHDOG:
+        lifecycle.guardian_pid = os.getppid()
     guardian = os.getppid() if channel.role == SUPERVISOR else lifecycle.guardian_pid
     if guardian:
         lastgasp.note_guardian(guardian)

@@ -248,6 +248,33 @@ def test_a_pid1_trainer_with_a_watchdog_is_ended_after_a_sigkill(
     assert ready["watchdog"] == 1 and ready["pid"] != 1, ready
 
 
+def test_a_pid1_entrypoint_that_execs_its_trainer_keeps_its_watchdog(
+    unshare: str, store: Store, namespaces: list[InNamespace]
+) -> None:
+    """The entrypoint installs lifeguard with its watchdog (PID 1 stays behind as the guardian)
+    and then execs the trainer, which installs it again. The trainer, SIGKILLed, has its run
+    ended KILLED by PID 1, and the namespace exits 128 + 9: the guardian kept guarding across
+    the exec. (Its channel used to close with the exec; the trainer's own install() then
+    started a sidecar, which died with PID 1, and the run stayed RUNNING.)"""
+    entrypoint = str(CHILDREN / "exec_entrypoint.py")
+    cmd = [sys.executable, entrypoint, PROGRAM, "--path", "SIGKILL", "--watchdog"]
+    ns = InNamespace(unshare, cmd, child_env(store))
+    namespaces.append(ns)
+    ready = ns.ready()
+    [run_id] = ready["run_ids"]  # type: ignore[misc]
+    assert ready["pid"] != 1, ready  # the trainer runs as PID 1's child, exec'd in place
+    trainer = ns.host_pid(ready["pid"])
+    died_ms = int(time.time() * 1000)
+    os.kill(trainer, signal.SIGKILL)
+    assert ns.wait() == 128 + signal.SIGKILL, ns.stderr()
+    run = store.run(run_id)
+    assert run.info.status == "KILLED", ns.stderr()
+    assert run.data.tags["lifeguard.ended_by"] == "watchdog"
+    assert died_ms - 1000 <= run.info.end_time <= died_ms + 1000
+    # One guardian, PID 1: the trainer's install() started no sidecar of its own.
+    assert ready["watchdog"] == 1, ready
+
+
 @pytest.mark.parametrize(
     ("path", "status", "code"),
     [

@@ -31,10 +31,11 @@ from mlflow.tracking import MlflowClient
 
 from lifeguard import demo
 from lifeguard.journal import Entry, Journal
-from lifeguard.owner import TAG_PID, TAG_START, TAG_TICKS, Owner
+from lifeguard.owner import TAG_PID, TAG_START, Owner
 from tests.conftest import CHILD_TIMEOUT, CHILDREN, _base_env, lifeguard_cli
 from tests.servers import MlflowServer
 
+TAG_TICKS = "lifeguard.owner.start_ticks"
 OWNER_PROGRAM = CHILDREN / "owner_program.py"
 SWEEPER = CHILDREN / "sweeper.py"
 DAY = 86400

@@ -127,7 +127,9 @@ def start(deadline: float) -> tuple[Channel, int] | None:
         os.close(read_fd)
         _lead_own_group()
         _adopt_orphans()
-        return Channel(write_fd, WATCHDOG), 1
+        channel = Channel(write_fd, WATCHDOG)
+        _guard_across_exec(channel)
+        return channel, 1
     # PID 1, from here on the guardian: never back into the program's code, whatever fails.
     try:
         os.close(write_fd)
@@ -136,6 +138,59 @@ def start(deadline: float) -> tuple[Channel, int] | None:
     except BaseException:  # noqa: BLE001 - the exec failed: guard from this interpreter
         pass
     os._exit(guard([str(read_fd), str(child), str(deadline)]))
+
+
+def _guard_across_exec(channel: Channel) -> None:
+    """An entrypoint that installs lifeguard and then ``exec``s the real program (a launcher
+    script, ``os.execv(sys.executable, [..., "train.py"])``) is still PID 1's child, but the
+    channel is closed by the exec and the new program's own ``install(watchdog=True)`` would
+    start a sidecar, which the kernel kills with PID 1: a SIGKILL then left its runs RUNNING.
+    So ``os.execv`` and ``os.execve`` (every other ``os.exec*`` calls one of them) hand the
+    channel on, as ``lifeguard run`` hands its own to the program: the pipe stays open across
+    the exec and its name is in ``LIFEGUARD_GUARDIAN``, and the new program's ``install()``
+    reports to PID 1. The process keeps its pid and start, so PID 1 finds the runs of both
+    images by the same owner tags. A subprocess the program starts inherits neither (only an
+    exec of the program itself goes through here)."""
+    from lifeguard.names import GUARDIAN_ENV
+
+    saved_execv, saved_execve = os.execv, os.execve
+
+    def handed_on(env: object) -> dict[str, str] | None:
+        try:
+            value = channel.env_value()
+            os.set_inheritable(channel.fd, True)
+        except OSError:  # the program closed the pipe: nothing to hand on
+            return None
+        handed: dict[str, str] = dict(env)  # type: ignore[call-overload]
+        handed[GUARDIAN_ENV] = value
+        return handed
+
+    def execv(path: object, argv: object) -> None:
+        env = handed_on(os.environ)
+        try:
+            if env is None:
+                saved_execv(path, argv)  # type: ignore[arg-type]
+            else:
+                saved_execve(path, argv, env)  # type: ignore[arg-type]
+        finally:  # only if the exec failed: the program goes on as it was
+            _keep_private(channel)
+
+    def execve(path: object, argv: object, env: object) -> None:
+        handed = handed_on(env)
+        try:
+            saved_execve(path, argv, env if handed is None else handed)  # type: ignore[arg-type]
+        finally:
+            _keep_private(channel)
+
+    os.execv = execv  # type: ignore[assignment]
+    os.execve = execve  # type: ignore[assignment]
+
+
+def _keep_private(channel: Channel) -> None:
+    try:
+        os.set_inheritable(channel.fd, False)
+    except OSError:
+        pass
 
 
 def _adopt_orphans() -> None:
