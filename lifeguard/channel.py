@@ -17,6 +17,9 @@ verbs:
   ``defer <run id>...``   runs handed to the guardian, which knows the exact exit status
   ``defer-at <uri> <run id>...``  the same, for runs of that store (a process may use several)
   ``exit <n>``            ``os._exit(n)`` is being called
+  ``beat <cycle> <interval> <uri> <run id>...``  the program's heartbeat just beat these runs
+                          of that store; a watchdog beats for them while the next one is late
+                          (guardian/standin.py)
 
 and the guardian also reads what ``faulthandler`` writes there on a crash ("Fatal Python error:
 Segmentation fault"), which is how a segfault is told apart from a SIGKILL.

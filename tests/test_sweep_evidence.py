@@ -375,3 +375,35 @@ def test_a_stale_after_shorter_than_the_heartbeat_waits_for_the_runs_own_beats(
         assert "3 of its own heartbeat intervals" in notes[0], notes
     finally:
         program.kill()
+
+
+# -- a heartbeat that does not stall ----------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_watchdog_beats_while_the_program_holds_the_gil(mlflow_server: MlflowServer) -> None:
+    """The main thread holds the GIL in one long C call: the heartbeat thread cannot run, and a
+    sweep would see the run fall silent. Its watchdog beats for it meanwhile."""
+    client = MlflowClient(tracking_uri=mlflow_server.uri)
+    program = Program(mlflow_server.uri, "--watchdog", "--hold-gil", "20")
+    assert program.proc.stdout is not None
+    try:
+        holding = program.proc.stdout.readline()
+        assert holding.startswith("HOLDING "), program.stderr()
+        held_at = int(holding.split()[1])
+        # Polled on the server (no sleeping program to wait for): the tag moves while held.
+        deadline = time.monotonic() + 60
+        while True:
+            beat = int(client.get_run(program.run_id).data.tags["lifeguard.heartbeat"])
+            if beat > held_at:
+                break
+            assert time.monotonic() < deadline, "no beat while the program held the GIL"
+            time.sleep(0.2)  # a poll of the server's state, not a synchronisation
+        released = program.proc.stdout.readline()
+        assert released.startswith("RELEASED "), program.stderr()
+        # Well before the release: a beat of the program's own thread, once it runs again, is
+        # stamped about when the GIL is let go (maybe just before the release's own stamp).
+        assert held_at < beat < int(released.split()[1]) - 5000
+    finally:
+        program.kill()

@@ -112,6 +112,10 @@ class Evidence:
         self.anywhere: dict[int, set[str]] = {}
         self._partial = b""
         self._warmed = False
+        from lifeguard.guardian.standin import Beats
+
+        # The program's heartbeats: the guardian beats for it while they are late.
+        self.beats = Beats()
 
     def feed(self, data: bytes) -> None:
         lines = (self._partial + data).split(b"\n")
@@ -140,6 +144,9 @@ class Evidence:
                 self.experiments.setdefault(pid, {}).setdefault(uri, set()).add(experiment)
         elif item.verb == "done":
             self.done.add(pid)
+            self.beats.forget(pid)
+        elif item.verb == "beat":
+            self.beats.take(pid, item.arg)
         elif item.verb == "exit":
             try:
                 self.exit_codes[pid] = int(item.arg)
@@ -261,7 +268,11 @@ def wait_for_exit(
     evidence = Evidence()
     watched = [read_fd] + [fd for fd in (pidfd, wake_fd) if fd is not None]
     while True:
-        readable, _, _ = select.select(watched, [], [])
+        # No timeout unless the program beats: then the next moment its beat would be late.
+        readable, _, _ = select.select(watched, [], [], evidence.beats.timeout())
+        if not readable:
+            evidence.beats.stand_in()
+            continue
         if wake_fd is not None and wake_fd in readable:
             try:
                 while os.read(wake_fd, 512):

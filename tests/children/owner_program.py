@@ -6,6 +6,9 @@ its stdin closes; then it returns from main (FINISHED).
 no lifeguard (a program from before lifeguard, or that never adopted it). ``--resume RUN_ID``:
 resume that run (``mlflow.start_run(run_id=...)``) instead of starting new ones, as an
 evaluation script does after training. ``--metric``: log one metric once ready.
+``--watchdog``: install(watchdog=True). ``--hold-gil S``: once ready, beat once and then hold
+the GIL for S seconds in one C call (as a C extension's long loop does), printing ``HOLDING
+<epoch ms>`` before and ``RELEASED <epoch ms>`` after.
 """
 
 from __future__ import annotations
@@ -20,12 +23,14 @@ parser.add_argument("--runs", type=int, default=1)
 parser.add_argument("--plain", action="store_true")
 parser.add_argument("--resume")
 parser.add_argument("--metric", action="store_true")
+parser.add_argument("--watchdog", action="store_true")
+parser.add_argument("--hold-gil", type=float)
 args = parser.parse_args()
 
 if not args.plain:
     import lifeguard
 
-    lifeguard.install()
+    lifeguard.install(watchdog=args.watchdog)
 
 import mlflow  # noqa: E402 - after install(), as a program adopting lifeguard writes it
 
@@ -40,6 +45,17 @@ if args.metric:
 ready = {"run_ids": [run.info.run_id for run in runs], "pid": os.getpid()}
 sys.stdout.write(demo.READY + json.dumps(ready) + "\n")
 sys.stdout.flush()
+if args.hold_gil:
+    import ctypes
+    import time
+
+    from lifeguard.backends.mlflow.heartbeat import heartbeat
+
+    heartbeat.beat()  # what the heartbeat thread does each interval (and tells the watchdog)
+    libc = ctypes.PyDLL(None)  # PyDLL: the call keeps the GIL, as a C extension's loop can
+    print(f"HOLDING {int(time.time() * 1000)}", flush=True)
+    libc.usleep(int(args.hold_gil * 1_000_000))
+    print(f"RELEASED {int(time.time() * 1000)}", flush=True)
 sys.stdin.read()
 for _ in runs:
     mlflow.end_run()

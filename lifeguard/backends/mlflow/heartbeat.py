@@ -45,6 +45,8 @@ __all__ = ["DEFAULT_INTERVAL", "Heartbeat", "heartbeat", "now_ms", "start_for"]
 DEFAULT_INTERVAL = 60.0
 # How often the thread looks for resumed runs to adopt (in memory: a few dict lookups).
 ADOPT_EVERY = 1.0
+# Run ids per ``beat`` line to a watchdog: 33 bytes each, well inside an atomic pipe write.
+BEAT_LINE_RUNS = 100
 
 
 def now_ms() -> int:
@@ -60,6 +62,7 @@ class Heartbeat:
         self._failing = False
         # Runs whose owner tags this process has written (resumed runs it adopted).
         self._adopted: set[str] = set()
+        self._cycle = 0  # beats told to a watchdog
 
     def ensure_started(self) -> None:
         if self.interval <= 0 or self._stop.is_set():
@@ -175,6 +178,7 @@ class Heartbeat:
             # Runs on no active-run stack (Lightning's MLFlowLogger): one search per beat,
             # only in a process that created such runs.
             run_ids += runs_created_outside_fluent(client, Owner.current(), run_ids)
+            by_store: dict[str, list[str]] = {}
             for run_id in run_ids:
                 if self._stop.is_set():
                     break
@@ -182,7 +186,9 @@ class Heartbeat:
                 if run_id in fluent_runs:
                     _revive_if_swept(run_client, run_id)
                 run_client.set_tag(run_id, TAG_HEARTBEAT, stamp)
+                by_store.setdefault(run_client.tracking_uri, []).append(run_id)
                 beaten += 1
+            self._tell_watchdog(by_store)
         except Exception as exc:  # noqa: BLE001 - a heartbeat must never hurt the program
             if not self._failing:
                 logger().warning("lifeguard: heartbeat failed (will retry): %s", exc)
@@ -192,6 +198,30 @@ class Heartbeat:
                 logger().info("lifeguard: heartbeat recovered")
             self._failing = False
         return beaten
+
+    def _tell_watchdog(self, by_store: dict[str, list[str]]) -> None:
+        """Tell a watchdog which runs just beat, so that it can beat for them while this
+        thread cannot (guardian/standin.py): one line per http(s) store, a few run ids each
+        (a pipe write is atomic only up to PIPE_BUF), or one that says there are none."""
+        from lifeguard.channel import WATCHDOG
+        from lifeguard.lifecycle import current
+        from lifeguard.redact import redact_uri
+
+        lifecycle = current()
+        channel = lifecycle.channel if lifecycle is not None else None
+        if channel is None or channel.role != WATCHDOG:
+            return
+        self._cycle += 1
+        head = f"{self._cycle} {self.interval:g}"
+        lines = []
+        for uri, run_ids in by_store.items():
+            if not uri.startswith(("http://", "https://")):
+                continue
+            for start in range(0, len(run_ids), BEAT_LINE_RUNS):
+                chunk = " ".join(run_ids[start : start + BEAT_LINE_RUNS])
+                lines.append(f"{head} {redact_uri(uri)} {chunk}")
+        for line in lines or [f"{head} -"]:
+            channel.send("beat", line)
 
 
 def _resume_again(client: MlflowClient, run_id: str) -> None:
