@@ -16,8 +16,8 @@ How long is long enough:
   (hostname, boot id and PID namespace all the sweep's own), compared in clock ticks since boot
   (no wall-clock step can fool it), and really absent (``kill(pid, 0)`` says no such process:
   hidden or unreadable is "unknown", never "gone"); see ``owner.py``. Then ``PROOF_BEATS`` of its
-  intervals unchanged suffice: a run whose tags are wrong but whose writer lives would beat in
-  that time.
+  intervals unchanged (at least ``PROOF_FLOOR``) suffice: a run whose tags are wrong but whose
+  writer lives would beat in that time.
 * A live owner, however quiet, keeps its run.
 * Runs without lifeguard tags, and lifeguard runs resumed since by a program without lifeguard
   (RUNNING again with an end time its owner tags do not know), are left alone unless asked with
@@ -84,7 +84,7 @@ LIVE_BEATS = 3.0
 PROOF_BEATS = 2.0
 # At least this long, whatever the interval: a second look a moment after the first proves
 # nothing, even for a run that beats every second.
-PROOF_FLOOR = 5.0
+PROOF_FLOOR = 10.0
 # --stale-after's default: three beats at the default interval (60 s). A lost node's runs are then
 # ended about 3 minutes after their last beat, plus up to two periods of a `--every` service.
 DEFAULT_STALE_AFTER = 180.0

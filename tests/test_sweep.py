@@ -83,11 +83,11 @@ def test_an_owner_proven_gone_here_ends_its_run_after_two_of_its_beats() -> None
     assert early.verdict == "watch" and "is gone" in early.reason
     d = decide(facts(tags), now_ms=10_000, stale_after=900, quiet_for=120)
     assert d.verdict == END and d.end_time == 5_000  # the last sign of life
-    # A run that beats every 2 s still waits out the floor: a look a moment after another
-    # proves nothing.
+    # A run that beats twice a second still waits out the floor (10 s): a look a moment after
+    # another proves nothing.
     fast = {**tags, "lifeguard.heartbeat.interval": "0.5"}
-    assert decide(facts(fast), now_ms=10_000, stale_after=900, quiet_for=4).verdict == "watch"
-    assert decide(facts(fast), now_ms=10_000, stale_after=900, quiet_for=5).verdict == END
+    assert decide(facts(fast), now_ms=10_000, stale_after=900, quiet_for=9).verdict == "watch"
+    assert decide(facts(fast), now_ms=10_000, stale_after=900, quiet_for=10).verdict == END
 
 
 def test_other_hosts_are_judged_by_their_heartbeat() -> None:
@@ -362,7 +362,7 @@ def test_sweep_ends_orphans_and_nothing_else(
         assert set(statuses().values()) == {"RUNNING"}
 
         # Sweep after sweep, the lost run's heartbeat stays put: after 3 s it is judged lost,
-        # and the dead owner's after 5 s, while the beating one never is.
+        # and the dead owner's after 10 s, while the beating one never is.
         deadline = time.monotonic() + 180
         while verdicts[ids["lost"]] != "end" or verdicts[ids["dead"]] != "end":
             assert time.monotonic() < deadline, f"never judged lost: {verdicts}"
