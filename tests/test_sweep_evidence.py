@@ -416,3 +416,49 @@ def test_the_watchdog_beats_while_the_program_holds_the_gil(mlflow_server: Mlflo
         assert held_at < beat < int(released.split()[1]) - 5000
     finally:
         program.kill()
+
+
+# -- the sweep as a service -------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_sweep_every_ends_a_lost_run_and_stops_cleanly(
+    mlflow_server: MlflowServer, tmp_path: Path
+) -> None:
+    """`lifeguard sweep --every 1s`: one process, one JSON document per sweep; a program killed
+    with no guardian has its run ended while a live one's never is; SIGTERM between sweeps
+    stops it with exit status 0."""
+    client = MlflowClient(tracking_uri=mlflow_server.uri)
+    live, lost = Program(mlflow_server.uri), Program(mlflow_server.uri)
+    lost.kill()
+    service = subprocess.Popen(
+        [sys.executable, "-m", "lifeguard", "sweep", "--tracking-uri", mlflow_server.uri,
+         "--every", "1s", "--stale-after", "3s", "--json", "--journal-dir",
+         str(tmp_path / "journal")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_base_env(),
+    )  # fmt: skip
+    assert service.stdout is not None
+    try:
+        sweeps = 0
+        deadline = time.monotonic() + POLL
+        while True:
+            line = service.stdout.readline()  # one sweep's report
+            assert line, service.stderr.read() if service.stderr else ""
+            decisions = {d["run_id"]: d for d in json.loads(line)["decisions"]}
+            sweeps += 1
+            assert decisions[live.run_id]["verdict"] == "alive", decisions[live.run_id]
+            if status(client, lost.run_id) == "KILLED":
+                break
+            assert time.monotonic() < deadline, decisions.get(lost.run_id)
+        assert sweeps >= 2  # the first look never ends a run
+        assert status(client, live.run_id) == "RUNNING"
+        service.send_signal(signal.SIGTERM)
+        assert service.wait(CHILD_TIMEOUT) in (0, -signal.SIGTERM)
+    finally:
+        if service.poll() is None:
+            service.kill()
+            service.wait(CHILD_TIMEOUT)
+        assert live.finish() == 0
+    assert status(client, live.run_id) == "FINISHED"
+    assert client.get_run(lost.run_id).data.tags["lifeguard.ended_by"] == "sweep"

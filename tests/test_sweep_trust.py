@@ -410,17 +410,25 @@ def test_no_secret_from_a_sweep_of_a_dead_or_refusing_server(
     client = MlflowClient(tracking_uri=server.uri)
     me = Owner.current()
     gone = Owner(me.host, sleeper.pid, start, me.boot_id, me.pid_ns, ticks)  # a dead owner, here
-    orphan = client.create_run("0", tags=gone.tags()).info.run_id
+    tags = {**gone.tags(), "lifeguard.heartbeat": "1000", "lifeguard.heartbeat.interval": "1"}
+    orphan = client.create_run("0", tags=tags).info.run_id
     recorder = Recorder(server.port)
     recorder.mode = "deny-writes"
     uri = f"http://{AUTH}@127.0.0.1:{recorder.port}"
     Journal(str(journal)).write(Entry("b" * 32, uri, "KILLED", 1, {}, pid=sleeper.pid))
     try:
-        refused = run_sweep(uri, journal=journal, env=secret_env(), timeout=120)
+        # Sweeps until one tries to end the orphan: it must have been seen unchanged for a
+        # while first (its owner proven gone here: 10 s).
+        deadline = time.monotonic() + POLL
+        while True:
+            refused = run_sweep(uri, journal=journal, env=secret_env(), timeout=120)
+            report = json.loads(refused.stdout)
+            if orphan in report["errors"]:
+                break
+            assert time.monotonic() < deadline, refused.stdout
     finally:
         recorder.close()
     assert refused.returncode == 1, refused.stderr
-    report = json.loads(refused.stdout)
     assert orphan in report["errors"] and "denied" in report["errors"][orphan]
     assert client.get_run(orphan).info.status == "RUNNING"
     assert_no_secret(refused.stdout, refused.stderr, journal_text(journal))

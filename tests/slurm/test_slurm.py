@@ -85,8 +85,10 @@ def finish(
 def submit_pair(
     sub: Submitter, case: str, shape: str, *train_args: str, sbatch: tuple[str, ...] = ()
 ) -> tuple[Job, Job]:
-    """The same job with lifeguard and without it."""
-    guarded = sub.submit(f"{case}-{shape}", shape, *train_args, sbatch=sbatch)
+    """The same job with lifeguard and without it. Heartbeats every second: a sweep ends the
+    run of an owner dead on this host once it has seen it unchanged for two of them (10 s at
+    least), not two minutes as with the default 60 s."""
+    guarded = sub.submit(f"{case}-{shape}", shape, "--heartbeat", "1", *train_args, sbatch=sbatch)
     raw = sub.submit(f"{case}-{shape}-raw", shape, *train_args, raw=True, sbatch=sbatch)
     return guarded, raw
 
@@ -101,22 +103,31 @@ def check_end_time(ran: Ran, after: float, slack: float = 1.5) -> None:
     )
 
 
-def sweep(sub: Submitter) -> subprocess.CompletedProcess[str]:
-    """`lifeguard sweep` on this node: owners dead on this host are ended at once."""
-    done = subprocess.run(
-        [sys.executable, "-m", "lifeguard", "sweep", "--tracking-uri", sub.uri,
-         "--journal-dir", str(sub.tmp_path / "sweep-journal")],
-        capture_output=True, text=True, timeout=TIMEOUT, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    return done
+def sweep(sub: Submitter, run_ids: list[str]) -> subprocess.CompletedProcess[str]:
+    """`lifeguard sweep` on this node, again and again until ``run_ids`` are ended: a run is
+    ended once the sweep has seen it unchanged for long enough (its owner dead on this host:
+    two of its heartbeats, 10 s at least), never at the first look."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=sub.uri)
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        done = subprocess.run(
+            [sys.executable, "-m", "lifeguard", "sweep", "--tracking-uri", sub.uri,
+             "--journal-dir", str(sub.tmp_path / "sweep-journal")],
+            capture_output=True, text=True, timeout=TIMEOUT, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        if all(client.get_run(r).info.status != "RUNNING" for r in run_ids):
+            return done
+        assert time.monotonic() < deadline, f"runs never ended: {done.stdout}"
 
 
 def nothing_inside_can_act(sub: Submitter, ran: Ran, case: str, shape: str) -> Ran:
     """Under proctrack/cgroup: the run is left RUNNING (nothing of the job survived to speak);
     recorded as measured, then `lifeguard sweep` ends it, at its last sign of life."""
     assert ran.status == "RUNNING", ran.summary()
-    sweep(sub)
+    sweep(sub, [ran.run_id])
     after = finish(sub, ran.job, ran.run_id, ran.pid)
     record(case, shape, "lifeguard", ran.summary() + " -> sweep: " + after.summary())
     return after
@@ -361,7 +372,7 @@ def watchdog_case(
     if slurm.proctrack == "cgroup":
         for shape in SHAPES:
             assert ran[shape].status == "RUNNING", ran[shape].summary()
-        sweep(submitter)
+        sweep(submitter, [ran[shape].run_id for shape in SHAPES])
         for shape in SHAPES:
             before = ran[shape]
             ran[shape] = finish(submitter, before.job, before.run_id, before.pid)
@@ -400,7 +411,7 @@ def test_sigterm_ignored_killwait_sweep(submitter: Submitter, slurm: Slurm) -> N
         before = finish(submitter, guarded, *started[guarded.id])
         assert before.status == "RUNNING", before.summary()
         results[shape] = finish(submitter, raw, *started[raw.id])
-    swept = sweep(submitter)
+    swept = sweep(submitter, [started[guarded.id][0] for guarded, _ in jobs.values()])
     for shape, (guarded, _raw) in jobs.items():
         ran = finish(submitter, guarded, *started[guarded.id])
         record(case + " (sweep)", shape, "lifeguard", ran.summary())
