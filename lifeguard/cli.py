@@ -290,7 +290,7 @@ def _sweep(args: argparse.Namespace) -> int:
         return refuse("no tracking server: pass --tracking-uri URI or set MLFLOW_TRACKING_URI")
     remember_uri(args.tracking_uri)  # its password is masked wherever an error quotes it
     shown_uri = redact_uri(args.tracking_uri)
-    problem = check_tracking_uri(args.tracking_uri) or _missing_store(args.tracking_uri)
+    problem = check_tracking_uri(args.tracking_uri)
     if problem is not None:
         return refuse(f"--tracking-uri {shown_uri!r}: {problem}")
     if args.include_untagged and args.older_than is None:
@@ -307,6 +307,9 @@ def _sweep(args: argparse.Namespace) -> int:
     for name in args.experiment:
         if not name.strip():
             return refuse(f"--experiment {name!r}: empty; give an experiment's name or id")
+    problem = _missing_store(args.tracking_uri)  # last: the one check that looks at the disk
+    if problem is not None:
+        return refuse(f"--tracking-uri {shown_uri!r}: {problem}")
     try:
         from lifeguard.backends.mlflow.sweep import SweepError, sweep
     except ImportError:
