@@ -16,12 +16,21 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from typing_extensions import Unpack
+
     from lifeguard.finalizers import Handle, Report
     from lifeguard.outcome import Outcome, OutcomeKind, Status
+    from lifeguard.preemption import PreemptionHandle
+    from lifeguard.typed import InstallOptions, SignalSpec
 
 __all__ = [
+    "Handle",
+    "InstallOptions",
     "Outcome",
     "OutcomeKind",
+    "PreemptionHandle",
+    "Report",
+    "SignalSpec",
     "Status",
     "__version__",
     "finish",
@@ -35,18 +44,20 @@ __all__ = [
 ]
 
 
-def install(**options: object) -> None:
+def install(**options: Unpack[InstallOptions]) -> None:
     """Hook the process so that every finalizer runs once, with the truth, however it ends.
 
-    Idempotent. Options (each also settable by an environment variable, see the README):
+    Idempotent. Options (each also settable by an environment variable; both are listed, with
+    what they accept, in docs/configuration.md):
     ``signals`` (default SIGINT, SIGTERM, SIGHUP), ``deadline`` (seconds for all finalizers,
     default 10), ``mlflow`` (end MLflow runs, default True), ``end_attached`` (also end runs
     attached through MLFLOW_RUN_ID, default False), ``trackers`` (the other trackers to end
     when the program uses them, default tensorboard, wandb, swanlab, trackio), and the guardian
     options ``watchdog``, ``heartbeat``. ``blocked_grace`` is still accepted and no longer used.
 
-    Raises TypeError/ValueError naming a bad option, and RuntimeError when called outside the
-    main thread with signals to hook (pass ``signals=()`` there).
+    Raises TypeError/ValueError naming a bad option or ``LIFEGUARD_*`` variable, and
+    RuntimeError when called outside the main thread with signals to hook (pass ``signals=()``
+    there). Warns (logging) about a ``LIFEGUARD_*`` variable it does not know.
     """
     from lifeguard import api
 
@@ -103,16 +114,22 @@ def watchdog_pid() -> int | None:
     return lifecycle.guardian_pid if lifecycle is not None else None
 
 
-def on_preemption(callback: Callable[[int], object], *, signals: object = ("SIGUSR1",)) -> object:
+def on_preemption(
+    callback: Callable[[int], object], *, signals: SignalSpec = ("SIGUSR1",)
+) -> PreemptionHandle:
     """Call ``callback(signum)`` on a preemption warning (Slurm's ``--signal=USR1@90``): the
-    run is tagged, not ended, and the process goes on. Returns a handle with ``.remove()``."""
+    run is tagged, not ended, and the process goes on. ``signals`` as :func:`install` takes
+    them ("USR2", "12", 12, "usr1,usr2", a list), at least one. Returns a handle with
+    ``.remove()``."""
     from lifeguard import preemption
 
-    return preemption.on_preemption(callback, signals=signals)  # type: ignore[arg-type]
+    return preemption.on_preemption(callback, signals=signals)
 
 
 def is_installed() -> bool:
-    """Whether :func:`install` is in effect in this process."""
+    """Whether :func:`install` is in effect in this process: from ``install()`` until
+    ``uninstall()`` or the process's end. :func:`finish` leaves it installed, for the runs
+    started after it; a forked child has nothing installed."""
     from lifeguard import api
 
     return api.is_installed()
@@ -124,4 +141,16 @@ def __getattr__(name: str) -> object:
         from lifeguard import outcome
 
         return getattr(outcome, name)
+    if name in ("Handle", "Report"):
+        from lifeguard import finalizers
+
+        return getattr(finalizers, name)
+    if name == "PreemptionHandle":
+        from lifeguard import preemption
+
+        return preemption.PreemptionHandle
+    if name in ("InstallOptions", "SignalSpec"):
+        from lifeguard import typed
+
+        return getattr(typed, name)
     raise AttributeError(f"module 'lifeguard' has no attribute {name!r}")

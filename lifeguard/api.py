@@ -11,7 +11,7 @@ from lifeguard import lifecycle as _lifecycle
 from lifeguard.finalizers import Handle, Registry
 from lifeguard.lifecycle import Lifecycle, Phase
 from lifeguard.names import GUARDIAN_ENV
-from lifeguard.options import Options
+from lifeguard.options import Options, warn_unknown_variables
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -42,6 +42,8 @@ def current() -> Lifecycle | None:
 
 
 def is_installed() -> bool:
+    """Whether lifeguard guards this process: from install() until uninstall() or the end of
+    the process. ``finish()`` leaves it installed: it re-arms for the runs started after it."""
     lifecycle = current()
     return lifecycle is not None and lifecycle.phase in (Phase.INSTALLED, Phase.FINALIZING)
 
@@ -54,13 +56,15 @@ def install(**options: object) -> None:
             if existing.options != parsed:
                 from lifeguard._log import logger
 
+                kept, ignored = existing.options.differences(parsed)
                 logger().warning(
-                    "lifeguard.install() was already called with %r; keeping that and "
-                    "ignoring %r (call lifeguard.uninstall() first to change options)",
-                    existing.options,
-                    parsed,
+                    "lifeguard.install() was already called with %s; keeping that and "
+                    "ignoring %s (call lifeguard.uninstall() first to change options)",
+                    kept,
+                    ignored,
                 )
             return
+        warn_unknown_variables()
         _ensure_fork_hook()
         # PID 1 forks first, while no thread of lifeguard's runs yet and before anything
         # records this process's pid (guardian/init.py): the child is the program.
@@ -184,7 +188,7 @@ def _replay_journal_in_background() -> None:
     except OSError as exc:
         from lifeguard._log import logger
 
-        logger().debug("lifeguard: could not stamp the journal replay: %s", exc)
+        logger().debug("could not stamp the journal replay: %s", exc)
     # The same spawn as the last gasp's (lifeguard.lastgasp): one way to start a replayer.
     from lifeguard.lastgasp import start_replayer
 
@@ -193,7 +197,7 @@ def _replay_journal_in_background() -> None:
     except OSError as exc:
         from lifeguard._log import logger
 
-        logger().debug("lifeguard: could not start the journal replay: %s", exc)
+        logger().debug("could not start the journal replay: %s", exc)
 
 
 def uninstall() -> None:

@@ -10,6 +10,7 @@ import sys
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
+    from typing import NoReturn
 
     from lifeguard.backends.mlflow.sweep import SweepReport
 
@@ -17,6 +18,19 @@ COMMANDS = ("demo", "run", "sweep")
 # --stale-after's default (lifeguard.sweep.DEFAULT_STALE_AFTER, which cannot be imported here
 # without the sweep's imports: the CLI starts with nothing but argparse).
 DEFAULT_STALE_AFTER = 180.0
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, but a usage error of ``sweep --json`` is a JSON document on stdout
+    too (the line and the usage stay on stderr, as argparse prints them): a script that reads
+    the JSON gets one whatever went wrong."""
+
+    json_errors = False
+
+    def error(self, message: str) -> NoReturn:
+        if _Parser.json_errors:
+            _print_json({"error": f"{self.prog}: error: {message}"})
+        super().error(message)
 
 
 def _seconds_option(option: str) -> Callable[[str], float]:
@@ -38,20 +52,30 @@ def _seconds_option(option: str) -> Callable[[str], float]:
 # accepted by nothing downstream (MLflow's HTTP client then fails every call).
 MAX_TIMEOUT = 3600.0
 MAX_WORKERS = 256
+# The demo has a dozen rows; each job is a program that imports mlflow (~1.5 s of CPU).
+MAX_JOBS = 32
 
 
 # More than 0 and at most MAX_TIMEOUT, install()'s own range for seconds.
 _timeout = _seconds_option("--timeout")
 
 
-def _workers(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if not 1 <= value <= MAX_WORKERS:
-        raise argparse.ArgumentTypeError(f"must be 1 to {MAX_WORKERS}: {text!r}")
-    return value
+def _count(most: int) -> Callable[[str], int]:
+    """An argparse type for a whole number from 1 to ``most``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if not 1 <= value <= most:
+            raise argparse.ArgumentTypeError(f"must be 1 to {most}: {text!r}")
+        return value
+
+    return parse
+
+
+_workers = _count(MAX_WORKERS)
 
 
 def _duration(text: str) -> float:
@@ -64,7 +88,7 @@ def _duration(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="lifeguard",
         description="Every experiment-tracking run ends with the truth.",
         epilog=(
@@ -81,8 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="run a small training program through every exit path, raw MLflow vs lifeguard",
     )
     demo.add_argument(
-        "--jobs", type=int, default=4, help="children run at once (default: %(default)s)"
-    )
+        "--jobs", type=_count(MAX_JOBS), default=4,
+        help=f"children run at once, 1 to {MAX_JOBS} (default: %(default)s)",
+    )  # fmt: skip
 
     run = commands.add_parser(
         "run",
@@ -105,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
             "exits 128+N). 127 if CMD cannot be started."
         ),
     )
+    run.set_defaults(command_parser=run)
     run.add_argument(
         "--deadline",
         type=_seconds_option("--deadline"),
@@ -189,6 +215,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # missing argument are python's own.
         return _supervise([sys.executable, *args_list], None)
     parser = build_parser()
+    # `sweep ... --json`: even a usage error is a JSON document on stdout (_Parser).
+    _Parser.json_errors = "sweep" in args_list and "--json" in args_list
     args = parser.parse_args(args_list)
     if args.version:
         from lifeguard import __version__
@@ -196,25 +224,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"lifeguard {__version__}")
         return 0
     if args.command == "demo":
-        if args.jobs < 1:
-            parser.error("--jobs must be at least 1")
         from importlib.util import find_spec
 
         # Found, not imported: the demo's own process never imports mlflow (see lifeguard.demo).
         if find_spec("mlflow") is None:
             parser.error("the demo needs MLflow: pip install mlflow")
+        problem = _environment_problem()
+        if problem is not None:  # the demo's programs install lifeguard: each would fail so
+            sys.stderr.write(f"lifeguard demo: {problem}\n")
+            return 2
         from lifeguard import demo
 
         return demo.main(jobs=args.jobs)
     if args.command == "run":
         cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
         if not cmd:
-            parser.error("run: no command given (usage: lifeguard run [--deadline S] -- CMD)")
+            args.command_parser.error("no command given")  # with run's usage, not the top's
         return _supervise(cmd, args.deadline)
     if args.command == "sweep":
         return _sweep(args) if args.every is None else _sweep_service(args)
     parser.print_help(sys.stderr)
     return 2
+
+
+def _environment_problem() -> str | None:
+    """What is wrong with the ``LIFEGUARD_*`` variables, in one line; None if nothing."""
+    from lifeguard.options import Options
+
+    try:
+        Options.from_kwargs({})
+    except (TypeError, ValueError) as exc:
+        return str(exc)
+    return None
 
 
 def _run_script(argv: list[str]) -> int:
@@ -228,15 +269,13 @@ def _run_script(argv: list[str]) -> int:
 
 def _supervise(cmd: list[str], deadline: float | None) -> int:
     from lifeguard.guardian.supervisor import SupervisorError, supervise
-    from lifeguard.options import Options
 
-    try:
-        # The program's install() reads the same LIFEGUARD_* variables; in the program a bad
-        # one could only be reported and the program left unguarded (autoboot never keeps it
-        # from starting), so it is refused here, before anything starts.
-        Options.from_kwargs({})
-    except (TypeError, ValueError) as exc:
-        sys.stderr.write(f"lifeguard run: {exc}\n")
+    # The program's install() reads the same LIFEGUARD_* variables; in the program a bad one
+    # could only be reported and the program left unguarded (autoboot never keeps it from
+    # starting), so it is refused here, before anything starts.
+    problem = _environment_problem()
+    if problem is not None:
+        sys.stderr.write(f"lifeguard run: {problem}\n")
         return 2
 
     try:
@@ -249,38 +288,46 @@ def _supervise(cmd: list[str], deadline: float | None) -> int:
 def _sweep(args: argparse.Namespace, compact: bool = False) -> int:
     """One sweep. ``compact`` (a service's later sweeps): the table shows only the runs that
     were ended or failed to be, and the summary line."""
-    import json
-
     from lifeguard.redact import redact, redact_uri, remember_uri
     from lifeguard.sweep import check_tracking_uri
 
+    def refuse(line: str, code: int = 2) -> int:
+        """One line on stderr, and with --json a JSON document on stdout too."""
+        line = redact(f"lifeguard sweep: {line}")
+        sys.stderr.write(line + "\n")
+        if args.json:
+            _print_json({"tracking_uri": shown_uri, "dry_run": args.dry_run, "error": line})
+        return code
+
+    shown_uri = None
     if not args.tracking_uri:
-        sys.stderr.write(
-            "lifeguard sweep: no tracking server: pass --tracking-uri URI "
-            "or set MLFLOW_TRACKING_URI\n"
-        )
-        return 2
+        return refuse("no tracking server: pass --tracking-uri URI or set MLFLOW_TRACKING_URI")
     remember_uri(args.tracking_uri)  # its password is masked wherever an error quotes it
     shown_uri = redact_uri(args.tracking_uri)
     problem = check_tracking_uri(args.tracking_uri)
     if problem is not None:
-        sys.stderr.write(f"lifeguard sweep: --tracking-uri {shown_uri!r}: {problem}\n")
-        return 2
+        return refuse(f"--tracking-uri {shown_uri!r}: {problem}")
     if args.include_untagged and args.older_than is None:
-        sys.stderr.write("lifeguard sweep: --include-untagged needs --older-than DURATION\n")
-        return 2
+        return refuse("--include-untagged needs --older-than DURATION")
     if args.older_than is not None and not args.include_untagged:
         # Silently ignored before: a user who meant "end runs older than 7d" ended nothing.
-        sys.stderr.write(
-            "lifeguard sweep: --older-than applies only to runs without lifeguard tags: "
-            "add --include-untagged (tagged runs go by --stale-after)\n"
+        return refuse(
+            "--older-than applies only to runs without lifeguard tags: "
+            "add --include-untagged (tagged runs go by --stale-after)"
         )
-        return 2
+    problem = _journal_dir_problem(args.journal_dir)
+    if problem is not None:
+        return refuse(problem)
+    for name in args.experiment:
+        if not name.strip():
+            return refuse(f"--experiment {name!r}: empty; give an experiment's name or id")
+    problem = _missing_store(args.tracking_uri)  # last: the one check that looks at the disk
+    if problem is not None:
+        return refuse(f"--tracking-uri {shown_uri!r}: {problem}")
     try:
         from lifeguard.backends.mlflow.sweep import SweepError, sweep
     except ImportError:
-        sys.stderr.write("lifeguard sweep needs MLflow: pip install mlflow\n")
-        return 2
+        return refuse("needs MLflow: pip install mlflow")
     _log_to_stderr()
     try:
         report = sweep(
@@ -295,8 +342,7 @@ def _sweep(args: argparse.Namespace, compact: bool = False) -> int:
             journal_dir=args.journal_dir,
         )
     except SweepError as exc:
-        sys.stderr.write(redact(f"lifeguard sweep: {exc}") + "\n")
-        return 1
+        return refuse(str(exc), code=1)
     # Each count says what happened, no more (replay_journal): "did not accept" only for
     # statuses sent and failed.
     refused_by_server = report.journal.get("journaled", 0)
@@ -304,8 +350,7 @@ def _sweep(args: argparse.Namespace, compact: bool = False) -> int:
     waiting = report.journal.get("waiting", 0)
     pending = refused_by_server + not_sent
     if args.json:
-        print(json.dumps(_redacted({"tracking_uri": shown_uri, "dry_run": args.dry_run,
-                                    **report.as_dict()})), flush=True)  # fmt: skip
+        _print_json({"tracking_uri": shown_uri, "dry_run": args.dry_run, **report.as_dict()})
     else:
         _print_table(report, args.dry_run, compact)
     if refused_by_server:
@@ -370,6 +415,54 @@ def _sweep_service(args: argparse.Namespace) -> int:
     return 0
 
 
+def _missing_store(uri: str) -> str | None:
+    """A sqlite database or a file store that is not there, in a few words: a sweep reads a
+    store, it never makes one (MLflow would create, and migrate, an empty one at a mistyped
+    path). None for every other store, which the sweep itself reaches or reports."""
+    from urllib.parse import urlsplit
+    from urllib.request import url2pathname
+
+    scheme = uri.split(":", 1)[0].lower().split("+", 1)[0]
+    if scheme == "sqlite":
+        path = uri.split(":///", 1)[1].split("?", 1)[0] if ":///" in uri else ""
+        if path in ("", ":memory:"):
+            return "an in-memory database holds no runs to sweep"
+        if not os.path.isfile(path):
+            return f"no such database file: {os.path.abspath(path)}"
+    elif scheme == "file":
+        path = url2pathname(urlsplit(uri).path)
+        if not os.path.isdir(path):
+            return f"no such directory: {path}"
+    return None
+
+
+def _journal_dir_problem(given: str | None) -> str | None:
+    """What is wrong with the journal directory the sweep would use, in one line."""
+    from lifeguard.options import DIRECTORY_ACCEPTED, check_directory, check_variable
+
+    if given is None:
+        raw = os.environ.get("LIFEGUARD_JOURNAL_DIR")
+        if raw is None:
+            return None  # the user's cache: made, or refused with a line, by the journal
+        try:
+            check_variable("LIFEGUARD_JOURNAL_DIR", raw)
+        except (TypeError, ValueError) as exc:
+            return str(exc)
+        return None
+    if not given.strip():
+        return "--journal-dir is empty; give a directory, or leave it out for the default"
+    why = check_directory(given)
+    if why is not None:
+        return f"--journal-dir {given} {why}; it must be {DIRECTORY_ACCEPTED}"
+    return None
+
+
+def _print_json(document: dict[str, object]) -> None:
+    import json
+
+    print(json.dumps(_redacted(document)), flush=True)
+
+
 def _redacted(value: object) -> object:
     """Every string in a JSON-able value, redacted (field by field: the JSON stays valid)."""
     from lifeguard.redact import redact
@@ -393,7 +486,8 @@ def _log_to_stderr() -> None:
     if any(getattr(h, "_lifeguard_cli", False) for h in log.handlers):
         return  # a service's later sweeps: one handler, one line per message
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(message)s"))
+    # The logger's name says whose line it is ("lifeguard: refusing journal file ...").
+    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
     handler._lifeguard_cli = True  # type: ignore[attr-defined]
     log.addHandler(handler)
     log.setLevel(logging.WARNING)

@@ -60,6 +60,10 @@ if TYPE_CHECKING:
 __all__ = ["PATHS", "ChildResult", "enact", "main", "run_child"]
 
 READY = "LIFEGUARD-READY"
+# MLflow's telemetry, off in every process the demo starts: on, it writes an installation id
+# to ~/.config/mlflow/telemetry.json, and the demo writes nothing outside its own directory.
+NO_TELEMETRY = {"MLFLOW_DISABLE_TELEMETRY": "true"}
+
 # Every process the demo starts carries this in its environment, set to the demo's directory.
 MARKER = "LIFEGUARD_DEMO_DIR"
 # The signals the exit paths are about: a child starts with their default dispositions,
@@ -711,7 +715,8 @@ def _demo(directory: str, jobs: int) -> bool:
     env.update({"MLFLOW_TRACKING_URI": uri, "PYTHONWARNINGS": "ignore", MARKER: directory,
                 "LIFEGUARD_JOURNAL_DIR": os.path.join(directory, "journal"),
                 # The demo's watchdogs take turns among themselves, not with the host's.
-                "LIFEGUARD_TURNS_DIR": os.path.join(directory, "turns")})  # fmt: skip
+                "LIFEGUARD_TURNS_DIR": os.path.join(directory, "turns"),
+                **NO_TELEMETRY})  # fmt: skip
     paths = {**PATHS, **DEATHS}
     labels = {path: paths[path][0] + (" [watchdog]" if path in DEATHS else "") for path in paths}
     last = DEAD_SERVER + " [journal]"
@@ -726,7 +731,7 @@ def _demo(directory: str, jobs: int) -> bool:
     zygote = Zygote(env)
     # The rows a guardian ends, and the last row, use a real `mlflow server`, as training fleets
     # do: the watchdog ends those runs over MLflow's REST API without importing mlflow.
-    server = MlflowServer(Path(directory) / "server", env={MARKER: directory})
+    server = MlflowServer(Path(directory) / "server", env={MARKER: directory, **NO_TELEMETRY})
 
     def start_server() -> MlflowServer:
         server.start()

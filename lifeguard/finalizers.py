@@ -196,7 +196,7 @@ def _prepare(handle: Handle, outcome: Outcome) -> None:
     try:
         prepare(outcome)
     except Exception as exc:  # noqa: BLE001 - the finalizer itself still runs
-        logger().error("lifeguard: preparing finalizer %r failed: %s", handle.name, exc)
+        logger().error("preparing finalizer %r failed: %s", handle.name, exc)
 
 
 def _applies(handle: Handle) -> bool:
@@ -254,8 +254,7 @@ def _run_one(handle: Handle, outcome: Outcome, timeout: float) -> Report:
     seconds = time.monotonic() - started
     if not box:
         log.warning(
-            "lifeguard: finalizer %r did not finish within its %.1fs share of the deadline; "
-            "abandoned",
+            "finalizer %r did not finish within its %.1fs share of the deadline; abandoned",
             handle.name,
             timeout,
         )
@@ -263,7 +262,7 @@ def _run_one(handle: Handle, outcome: Outcome, timeout: float) -> Report:
     error = box[0]
     if error is not None:
         log.error(
-            "lifeguard: finalizer %r raised %s: %s",
+            "finalizer %r raised %s: %s",
             handle.name,
             type(error).__name__,
             error,

@@ -45,9 +45,7 @@ def release_stranded() -> int:
         return 0
     released = _release_global_lock() + _release_module_locks()
     if released:
-        logger().debug(
-            "lifeguard: released %d import lock holds stranded by an interrupt", released
-        )
+        logger().debug("released %d import lock holds stranded by an interrupt", released)
     return released
 
 

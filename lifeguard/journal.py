@@ -467,8 +467,7 @@ class Journal:
         why = untrusted_directory(self.directory)
         if why is not None:
             self._refuse(
-                f"lifeguard: refusing journal directory {self.directory}: it {why}; "
-                "nothing in it is replayed"
+                f"refusing journal directory {self.directory}: it {why}; nothing in it is replayed"
             )
             return
         try:
@@ -502,7 +501,7 @@ class Journal:
             self.write(entry)
         except (OSError, JournalError, ValueError) as exc:
             self.unusable = _first_line(exc)
-            logger().debug("lifeguard: cannot journal run %s: %s", entry.run_id, exc)
+            logger().debug("cannot journal run %s: %s", entry.run_id, exc)
             return False
         return True
 
@@ -516,7 +515,7 @@ class Journal:
             where = "left in place"
         else:
             where = f"set aside as {aside}"
-        self._refuse(f"lifeguard: refusing journal file {path}: it {why}; {where}, not replayed")
+        self._refuse(f"refusing journal file {path}: it {why}; {where}, not replayed")
 
     def _refuse(self, line: str) -> None:
         # Once per journal: a sweep reads it twice (to replay, then to spare what is still
@@ -528,13 +527,11 @@ class Journal:
 
     def set_aside(self, path: str, reason: BaseException) -> None:
         aside = path + CORRUPT_SUFFIX
-        logger().error(
-            "lifeguard: corrupt journal file %s (%s); set aside as %s", path, reason, aside
-        )
+        logger().error("corrupt journal file %s (%s); set aside as %s", path, reason, aside)
         try:
             os.replace(path, aside)
         except OSError as exc:
-            logger().error("lifeguard: could not set %s aside: %s", path, exc)
+            logger().error("could not set %s aside: %s", path, exc)
 
 
 def _note_kept(path: str) -> None:
@@ -640,7 +637,7 @@ def after_failed_write(journal: Journal | None, entry: Entry, where: str, error:
             "`lifeguard sweep` ends it"
         )
     logger().warning(
-        "lifeguard: could not end run %s as %s at %s: %s; %s",
+        "could not end run %s as %s at %s: %s; %s",
         entry.run_id,
         entry.status,
         where,

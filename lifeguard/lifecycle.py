@@ -218,7 +218,7 @@ class Lifecycle:
         signals = self.hooks.signals
         try:
             if "logging" in sys.modules:  # never import logging just for this line
-                logger().debug("lifeguard: finalizing with %r", outcome)
+                logger().debug("finalizing with %r", outcome)
             signals.guard()  # from the main thread: a Ctrl-C now ends the process
             try:
                 reports = self.registry.run_all(outcome, self.options.deadline)

@@ -17,18 +17,25 @@ if TYPE_CHECKING:
 else:
     import _signal  # not signal: see hooks.py on import cost
 if TYPE_CHECKING:  # typing costs ~6 ms to import; lifeguard's import budget is 5 ms in all
-    from collections.abc import Callable, Iterable, Mapping
+    from collections.abc import Callable, Mapping
 
 __all__ = [
     "DEFAULT_DEADLINE",
     "DEFAULT_SIGNALS",
     "DEFAULT_TRACKERS",
+    "DIRECTORY_ACCEPTED",
     "MAX_SECONDS",
+    "MIN_HEARTBEAT",
     "REPLAY_BOUND_ENV",
+    "TOOLING",
     "TRACKERS",
+    "VARIABLES",
     "Options",
+    "check_directory",
+    "check_variable",
     "parse_seconds",
     "parse_signals",
+    "warn_unknown_variables",
 ]
 
 DEFAULT_SIGNALS: tuple[str, ...] = ("SIGINT", "SIGTERM", "SIGHUP")
@@ -67,12 +74,19 @@ REPLAY_BOUND_ENV = "LIFEGUARD_REPLAY_BOUND"
 
 # Seconds between heartbeats (see backends/mlflow/heartbeat.py for why 60).
 DEFAULT_HEARTBEAT = 60.0
+# The shortest interval between heartbeats. Each beat is one request per run to a server that
+# the whole cluster shares: at 0.001 s one idle program sent 60 requests in 6 s, and N programs
+# N times that. The sweep judges a run by several of its intervals, so nothing finer than a
+# second is of any use to it.
+MIN_HEARTBEAT = 1.0
 
 # How long a helper thread waits for a main thread stuck in C before finalizing for it.
 DEFAULT_BLOCKED_GRACE = 1.0
 
 _TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
+# Not "": an empty LIFEGUARD_MLFLOW= is a launcher's template left unfilled, not a "no". Read as
+# false, it would silently turn off the very thing lifeguard is for.
+_FALSE = {"0", "false", "no", "off"}
 
 
 class Options:
@@ -117,12 +131,30 @@ class Options:
         return isinstance(other, Options) and self.as_dict() == other.as_dict()
 
     def __repr__(self) -> str:
-        return f"Options({self.as_dict()})"
+        return f"Options({', '.join(self._shown(name) for name in self.NAMES)})"
+
+    def differences(self, other: Options) -> tuple[str, str]:
+        """The options that differ, as ``name=value`` lists: (this one's, the other's)."""
+        names = [n for n in self.NAMES if getattr(self, n) != getattr(other, n)]
+        return (
+            ", ".join(self._shown(n) for n in names),
+            ", ".join(other._shown(n) for n in names),
+        )
+
+    def _shown(self, name: str) -> str:
+        value = getattr(self, name)
+        if name == "signals":  # by name, as the user wrote them, not as numbers
+            return f"signals=({', '.join(_signal_name(s) for s in value)})"
+        return f"{name}={value!r}"
 
     @classmethod
     def from_kwargs(
         cls, kwargs: Mapping[str, object], environ: Mapping[str, str] | None = None
     ) -> Options:
+        """The options of ``install(**kwargs)``. Every ``LIFEGUARD_*`` variable set in
+        ``environ`` (default: this process's) is checked too, the ones no option reads
+        included, so that a bad value fails here, in the program's own frame, never later in an
+        exit path or in a replayer the dying process leaves behind."""
         env = os.environ if environ is None else environ
         known = set(cls.NAMES)
         unknown = sorted(set(kwargs) - known)
@@ -133,33 +165,52 @@ class Options:
             )
 
         options = cls()  # the defaults; overridden below by the environment, then kwargs
-        if REPLAY_BOUND_ENV in env:
-            # Read by the last-gasp replayer (lifeguard.lastgasp), which inherits it; checked
-            # here so that a bad value fails at install(), not in a detached process later.
-            parse_seconds(
-                env[REPLAY_BOUND_ENV], f"environment variable {REPLAY_BOUND_ENV}", zero=True
-            )
-        for name, parse in _PARSERS.items():
-            var = "LIFEGUARD_" + name.upper()
-            if name in kwargs:
-                setattr(options, name, parse(kwargs[name], f"option {name!r}"))
-            elif var in env:
-                setattr(options, name, parse(env[var], f"environment variable {var}"))
+        for var in VARIABLES:
+            raw = env.get(var)
+            if raw is None:
+                continue
+            value = check_variable(var, raw)
+            name = _OPTION_OF.get(var)
+            if name is not None:
+                setattr(options, name, value)
+        for name, raw_value in kwargs.items():
+            setattr(options, name, _PARSERS[name](raw_value, f"option {name!r}"))
         return options
 
 
-def parse_signals(value: object, origin: str = "signals") -> tuple[int, ...]:
-    """Accepts names (``"SIGTERM"``, ``"TERM"``), numbers or ``signal.Signals``, as an iterable
-    or a comma-separated string. An empty value hooks no signal."""
-    items: Iterable[object]
+def check_variable(var: str, raw: str) -> object:
+    """The value of ``LIFEGUARD_*`` variable ``var`` (one of :data:`VARIABLES`), parsed; a
+    ValueError naming the variable and what it accepts if it is empty or malformed."""
+    accepts, parse = VARIABLES[var]
+    origin = f"environment variable {var}"
+    if not raw.strip():
+        raise ValueError(f"{origin} is empty; unset it for the default, or set it to {accepts}")
+    return parse(raw, origin)
+
+
+def parse_signals(value: object, origin: str = "signals", *, none: bool = False) -> tuple[int, ...]:
+    """Signals, with one meaning wherever they are given (``install()``, ``on_preemption()``,
+    ``LIFEGUARD_SIGNALS``): a string is one signal name or number or a comma-separated list of
+    them (``"12"``, ``"SIGUSR2"``, ``"USR2"``, ``"usr2,term"``), never its characters; an int or
+    a ``signal.Signals`` is one signal; a list or tuple holds any of those. An empty string is
+    refused; an empty list or tuple hooks no signal, and is accepted only where ``none`` says
+    so (``install(signals=())``, documented for use outside the main thread)."""
+    items: list[object]
     if isinstance(value, str):
         items = [part.strip() for part in value.split(",") if part.strip()]
-    elif isinstance(value, int):
+        if not items:
+            raise ValueError(f"{origin} is empty; {_accepted()}")
+    elif isinstance(value, int):  # signal.Signals members are ints too; a bool is refused below
         items = [value]
     elif isinstance(value, (list, tuple, set, frozenset)):
         items = list(value)
+        if not items and not none:
+            raise ValueError(f"{origin}: no signal given, at least one is needed; {_accepted()}")
     else:
-        raise TypeError(f"{origin} must be signal names or numbers, not {type(value).__name__}")
+        raise TypeError(
+            f"{origin} must be a signal name or number, or a list of them, "
+            f"not {type(value).__name__}"
+        )
     result: list[int] = []
     for item in items:
         sig = _one_signal(item, origin)
@@ -253,6 +304,8 @@ def _parse_trackers(value: object, origin: str) -> tuple[str, ...]:
     default set and ``"none"`` (or an empty value) for no tracker besides MLflow."""
     if isinstance(value, str):
         items: list[object] = [part.strip() for part in value.split(",") if part.strip()]
+        if not items:  # "none" says no tracker; an empty string says nothing
+            raise ValueError(f"{origin} is empty; give {_TRACKERS_ACCEPTED}")
     elif isinstance(value, (list, tuple, set, frozenset)):
         items = list(value)
     else:
@@ -283,17 +336,154 @@ def _parse_bool(value: object, origin: str) -> bool:
             return True
         if lowered in _FALSE:
             return False
-    raise ValueError(f"{origin} must be true or false, not {value!r}")
+    raise ValueError(f"{origin} must be {_BOOL_ACCEPTED}, not {value!r}")
 
 
-# Each option's parser; its environment variable is LIFEGUARD_ + the name in capitals.
+def _parse_heartbeat(value: object, origin: str) -> float:
+    seconds = _NAN
+    try:
+        seconds = parse_seconds(value, origin, zero=True)
+    except ValueError:
+        pass
+    if seconds == 0 or MIN_HEARTBEAT <= seconds <= MAX_SECONDS:
+        return seconds
+    raise ValueError(f"{origin} must be {_HEARTBEAT_ACCEPTED}, not {value!r}")
+
+
+def check_directory(path: str) -> str | None:
+    """Why ``path`` cannot be a private directory of the current user (the journal's, the
+    guardians' turns'), in a few words; None if it is one or can be made. Looks, creates
+    nothing."""
+    if os.path.lexists(path):
+        from lifeguard.journal import untrusted_directory
+
+        return untrusted_directory(path)
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.lexists(parent):  # under a file, lexists says False too: go on up
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        return f"cannot be made: {parent} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"cannot be made: {parent} is not writable"
+    return None
+
+
+def _parse_directory(value: object, origin: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{origin} must be a path, not {type(value).__name__}")
+    why = check_directory(value)
+    if why is not None:
+        raise ValueError(f"{origin}: {value} {why}; it must be {DIRECTORY_ACCEPTED}")
+    return value
+
+
+def _parse_channel(value: object, origin: str) -> str:
+    """``FD:INODE:ROLE``, as the supervisor or the watchdog hands it down (lifeguard.channel)."""
+    text = str(value)
+    parts = text.split(":")
+    ok = len(parts) == 3 and parts[2] in ("supervisor", "watchdog")
+    ok = ok and all(part.isdigit() for part in parts[:2])
+    if not ok:
+        raise ValueError(f"{origin} must be {_CHANNEL_ACCEPTED}, not {value!r}")
+    return text
+
+
+def _parse_switch(value: object, origin: str) -> str:
+    if value not in ("0", "1"):
+        raise ValueError(f"{origin} must be 1 or 0, not {value!r}")
+    return str(value)
+
+
+def _parse_absolute(value: object, origin: str) -> str:
+    if not isinstance(value, str) or not os.path.isabs(value):
+        raise ValueError(f"{origin} must be an absolute path, not {value!r}")
+    return value
+
+
+# Each option's parser.
 _PARSERS: dict[str, Callable[[object, str], object]] = {
-    "signals": parse_signals,
+    "signals": lambda raw, origin: parse_signals(raw, origin, none=True),
     "deadline": parse_seconds,
     "mlflow": _parse_bool,
     "end_attached": _parse_bool,
     "watchdog": _parse_bool,
     "blocked_grace": lambda raw, origin: parse_seconds(raw, origin, zero=True),
-    "heartbeat": lambda raw, origin: parse_seconds(raw, origin, zero=True),
+    "heartbeat": _parse_heartbeat,
     "trackers": _parse_trackers,
 }
+
+_SECONDS_ACCEPTED = f"a number of seconds {seconds_range(zero=False)}"
+_SECONDS_OR_OFF_ACCEPTED = f"a number of seconds {seconds_range(zero=True)}"
+_HEARTBEAT_ACCEPTED = f"0 (off) or a number of seconds from {MIN_HEARTBEAT:g} to {MAX_SECONDS:g}"
+_BOOL_ACCEPTED = "true or false (1 or 0, yes or no, on or off)"
+_TRACKERS_ACCEPTED = (
+    "tracker names, comma-separated (wandb,tensorboard), default (the default set) or none"
+)
+DIRECTORY_ACCEPTED = (
+    "a directory of the current user's that others cannot write to, or a path where one can be made"
+)
+_CHANNEL_ACCEPTED = "FD:INODE:ROLE, as lifeguard sets it for the processes it starts"
+
+# Every LIFEGUARD_* variable lifeguard reads: what it accepts (in the words of the error
+# messages) and its parser. Options.from_kwargs checks each one set, at install() and at the
+# start of `lifeguard run`; docs/configuration.md lists them all (tests/test_bad_input.py checks
+# both against the package's source, so that a new variable cannot be missed).
+VARIABLES: dict[str, tuple[str, Callable[[object, str], object]]] = {
+    # the options' own
+    "LIFEGUARD_SIGNALS": ("signal names or numbers, comma-separated (TERM,HUP or 15,1)",
+                          parse_signals),
+    "LIFEGUARD_DEADLINE": (_SECONDS_ACCEPTED, parse_seconds),
+    "LIFEGUARD_MLFLOW": (_BOOL_ACCEPTED, _parse_bool),
+    "LIFEGUARD_END_ATTACHED": (_BOOL_ACCEPTED, _parse_bool),
+    "LIFEGUARD_WATCHDOG": (_BOOL_ACCEPTED, _parse_bool),
+    "LIFEGUARD_BLOCKED_GRACE": (_SECONDS_OR_OFF_ACCEPTED, _PARSERS["blocked_grace"]),
+    "LIFEGUARD_HEARTBEAT": (_HEARTBEAT_ACCEPTED, _parse_heartbeat),
+    "LIFEGUARD_TRACKERS": (_TRACKERS_ACCEPTED, _parse_trackers),
+    # read by other parts: the journal, the replayer a dying process leaves behind (which
+    # inherits the variable), the guardians
+    "LIFEGUARD_JOURNAL_DIR": (DIRECTORY_ACCEPTED, _parse_directory),
+    "LIFEGUARD_REPLAY_BOUND": (_SECONDS_OR_OFF_ACCEPTED,
+                               lambda raw, origin: parse_seconds(raw, origin, zero=True)),
+    "LIFEGUARD_TURNS_DIR": (DIRECTORY_ACCEPTED, _parse_directory),
+    "LIFEGUARD_GUARDIAN_REST": (_BOOL_ACCEPTED, _parse_bool),
+    # lifeguard's own, set for the processes it starts: checked all the same
+    "LIFEGUARD_GUARDIAN": (_CHANNEL_ACCEPTED, _parse_channel),
+    "LIFEGUARD_AUTOINSTALL": ("1 or 0", _parse_switch),
+    "LIFEGUARD_DEMO_DIR": ("the demo's directory, an absolute path", _parse_absolute),
+}  # fmt: skip
+_OPTION_OF = {f"LIFEGUARD_{name.upper()}": name for name in Options.NAMES}
+
+# The project's own tooling (its tests, its CI): known names (or prefixes), never warned about.
+TOOLING = ("LIFEGUARD_TEST_", "LIFEGUARD_SLURM", "LIFEGUARD_CHROMIUM",
+            "LIFEGUARD_UPDATE_SCREENSHOTS")  # fmt: skip
+_PREFIX = "LIFEGUARD_"
+
+
+def warn_unknown_variables(environ: Mapping[str, str] | None = None) -> list[str]:
+    """One warning per ``LIFEGUARD_*`` variable that lifeguard does not know, naming the one
+    meant when it is close (a misspelt name). Not an error: a variable of a newer or an
+    older lifeguard must not keep a program from starting. Returns the names warned about."""
+    env = os.environ if environ is None else environ
+    unknown = sorted(
+        name
+        for name in env
+        if name.startswith(_PREFIX) and name not in VARIABLES and not name.startswith(TOOLING)
+    )
+    if not unknown:
+        return []
+    import difflib
+
+    from lifeguard._log import logger
+
+    # Compared without the prefix, which every name shares and which would make any two close.
+    known = {name[len(_PREFIX) :]: name for name in VARIABLES}
+    for name in unknown:
+        close = difflib.get_close_matches(name[len(_PREFIX) :], known, n=1, cutoff=0.75)
+        meant = f" (did you mean {known[close[0]]}?)" if close else ""
+        logger().warning(
+            "unknown environment variable %s%s: ignored; lifeguard's variables are listed in "
+            "its docs/configuration.md",
+            name,
+            meant,
+        )
+    return unknown

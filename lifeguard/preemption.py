@@ -26,10 +26,12 @@ from lifeguard.options import parse_signals
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable
     from types import FrameType
 
-__all__ = ["TAG_WARNING", "on_preemption"]
+    from lifeguard.typed import SignalSpec
+
+__all__ = ["TAG_WARNING", "PreemptionHandle", "on_preemption"]
 
 TAG_WARNING = "lifeguard.preemption_warning"
 
@@ -38,6 +40,8 @@ _previous: dict[int, object] = {}
 
 
 class PreemptionHandle:
+    """What :func:`lifeguard.on_preemption` returns: ``.remove()`` stops calling the callback."""
+
     def __init__(self, callback: Callable[[int], object]) -> None:
         self.callback = callback
 
@@ -49,14 +53,13 @@ class PreemptionHandle:
 
 
 def on_preemption(
-    callback: Callable[[int], object], *, signals: Iterable[str | int] = ("SIGUSR1",)
+    callback: Callable[[int], object], *, signals: SignalSpec = ("SIGUSR1",)
 ) -> PreemptionHandle:
-    """Call ``callback(signum)`` when a preemption warning arrives. Main thread only."""
+    """Call ``callback(signum)`` when a preemption warning arrives. Main thread only.
+    ``signals`` as install() takes them (lifeguard.options.parse_signals), at least one."""
     if not callable(callback):
         raise TypeError(f"callback must be callable, not {type(callback).__name__}")
-    signums = parse_signals(list(signals), "signals")
-    if not signums:
-        raise ValueError("signals: at least one signal is needed")
+    signums = parse_signals(signals, "signals")
     if threading.current_thread() is not threading.main_thread():
         raise RuntimeError("lifeguard.on_preemption() must be called from the main thread")
     # Imported here, not in the signal handler (the main thread may be importing when the
@@ -80,7 +83,7 @@ def _on_warning(signum: int, frame: FrameType | None) -> None:
         try:
             callback(signum)
         except Exception as exc:  # noqa: BLE001 - a checkpoint that fails must not kill the job
-            logger().error("lifeguard: preemption callback %r raised: %s", callback, exc)
+            logger().error("preemption callback %r raised: %s", callback, exc)
     previous = _previous.get(signum)
     if callable(previous):
         previous(signum, frame)
@@ -110,4 +113,4 @@ def _tag_runs(signum: int, stamp: int) -> None:
         for run_id in owned_active_runs(fluent):
             client.set_tag(run_id, TAG_WARNING, value)
     except Exception as exc:  # noqa: BLE001 - a warning tag is worth a log line, not a crash
-        logger().warning("lifeguard: could not tag the preemption warning: %s", exc)
+        logger().warning("could not tag the preemption warning: %s", exc)

@@ -111,10 +111,12 @@ def parse_duration(text: str) -> float:
         seconds = float(value) * unit
     except ValueError:
         raise ValueError(f"not a duration: {text!r} (use e.g. 90s, 15m, 2h, 1d)") from None
-    if not seconds > 0 or seconds == float("inf"):
-        raise ValueError(f"a duration must be positive: {text!r}")
-    if seconds > MAX_DURATION:
+    if seconds != seconds:  # nan
+        raise ValueError(f"not a duration: {text!r} (use e.g. 90s, 15m, 2h, 1d)")
+    if seconds > MAX_DURATION:  # 1e400 too: float() made it inf, a number too large
         raise ValueError(f"a duration must be at most 3650d: {text!r}")
+    if not seconds > 0:
+        raise ValueError(f"a duration must be positive: {text!r}")
     return seconds
 
 
@@ -423,7 +425,7 @@ class Sightings:
         why = untrusted_directory(self.directory)
         if why is not None:
             logger().error(
-                "lifeguard: refusing sweep state in %s: it %s; no remote run can be judged lost",
+                "refusing sweep state in %s: it %s; no remote run can be judged lost",
                 self.directory,
                 why,
             )
@@ -444,7 +446,7 @@ class Sightings:
         except (Untrusted, OSError, ValueError, KeyError) as exc:
             # Forgetting only delays: no remote run is ended before it has been watched anew.
             logger().error(
-                "lifeguard: ignoring sweep state %s (it %s); watching every run afresh",
+                "ignoring sweep state %s (it %s); watching every run afresh",
                 self.path,
                 exc,
             )

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,6 +52,22 @@ def shows_lifeguard(text: str) -> bool:
 # the contributor's real home, a change outside .tox. Off for this process, before any import of
 # mlflow; the children's environments drop every MLFLOW_ variable (_base_env) and keep theirs.
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+# `tox` leaves no process running and writes nothing outside .tox and the temporary directory
+# (docs/tests.md). Each pytest process (each xdist worker) marks the environment that its tests'
+# processes inherit, and points HOME at an empty directory of its own; at the end of its
+# session, a process that still carries its mark, or anything written in that HOME, fails the
+# session's last test (_leaves_nothing_behind). A process started with an environment made from
+# scratch carries no mark, and is not seen.
+SESSION_MARK = "PYTEST_LIFEGUARD_SESSION"
+os.environ[SESSION_MARK] = f"{os.getpid()}-{time.time_ns()}"
+SESSION_HOME = Path(tempfile.mkdtemp(prefix="lifeguard-tests-home-"))
+os.environ["HOME"] = str(SESSION_HOME)
+for _var in ("XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME"):
+    os.environ.pop(_var, None)  # each defaults to a directory under HOME
+# From a session's end to a process it started having ended: a replayer or a guardian whose
+# program a test's teardown has just killed may still be writing its last status.
+LEFTOVER_GRACE = 30.0
 
 # The environment pytest started with, before any test's monkeypatch: the warm interpreter's.
 _STARTING_ENVIRON = dict(os.environ)
@@ -291,6 +309,55 @@ WARM = WarmInterpreter()
 
 def pytest_sessionfinish() -> None:
     WARM.close()
+    shutil.rmtree(SESSION_HOME, ignore_errors=True)
+
+
+def processes_of_this_session() -> dict[int, str]:
+    """pid -> command line of every live process whose environment carries this pytest
+    process's mark (/proc/PID/environ: the environment it was started with), but itself."""
+    mark = f"{SESSION_MARK}={os.environ[SESSION_MARK]}".encode()
+    found: dict[int, str] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                marked = mark in f.read().split(b"\0")
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:  # gone meanwhile
+            continue
+        if marked and cmdline:  # a zombie has no command line: ended, not yet reaped
+            found[int(name)] = cmdline
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _leaves_nothing_behind() -> Iterator[None]:
+    """Set up before, and torn down after, every other fixture of the session (the servers,
+    the warm interpreter): what is left then was left by a test."""
+    yield
+    WARM.close()
+    deadline = time.monotonic() + LEFTOVER_GRACE
+    left = processes_of_this_session()
+    while left and time.monotonic() < deadline:  # each may be ending: bounded, then named
+        time.sleep(0.2)
+        left = processes_of_this_session()
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    written = sorted(str(p.relative_to(SESSION_HOME)) for p in SESSION_HOME.rglob("*"))
+    problems = []
+    if left:
+        problems.append(
+            f"{len(left)} process(es) of this session still ran {LEFTOVER_GRACE:g} s after its "
+            "end (killed now): " + "; ".join(f"{pid}: {cmd}" for pid, cmd in left.items())
+        )
+    if written:
+        problems.append(f"written in HOME ({SESSION_HOME}) by the tests: {', '.join(written)}")
+    assert not problems, "\n".join(problems)
 
 
 @pytest.fixture(scope="session")

@@ -31,18 +31,32 @@ def demo_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "LIFEGUARD_"))}
 
 
+# What keeps MLflow's telemetry off without a word from the demo (mlflow/telemetry/utils.py): a
+# user who runs the demo by hand has none of them.
+TELEMETRY_OFF = (
+    "PYTEST_CURRENT_TEST", "CI", "GITHUB_ACTIONS", "CIRCLECI", "GITLAB_CI", "JENKINS_URL",
+    "TRAVIS", "TF_BUILD", "BITBUCKET_BUILD_NUMBER", "CODEBUILD_BUILD_ARN", "BUILDKITE",
+    "TEAMCITY_VERSION", "CLOUD_RUN_EXECUTION", "RUNBOT_HOST_URL", "RUNBOT_BUILD_NAME",
+    "RUNBOT_WORKER_ID", "DO_NOT_TRACK",
+)  # fmt: skip
+
+
 @pytest.mark.timeout(DEMO_TIMEOUT + 30)
-def test_demo_tells_the_truth_on_every_path(request: pytest.FixtureRequest) -> None:
+def test_demo_tells_the_truth_on_every_path(request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """... and writes nothing outside its own directory: run as a user runs it, with MLflow's
+    telemetry on unless the demo turns it off, it wrote ~/.config/mlflow/telemetry.json."""
     # In force, not only written: pytest-timeout's own reading of this item (the marker wins
     # over pyproject's 120 s and over -o timeout=...).
     from pytest_timeout import _get_item_settings  # type: ignore[import-untyped]
 
     assert _get_item_settings(request.node).timeout == DEMO_TIMEOUT + 30
     cmd = [sys.executable, "-m", "lifeguard", "demo", "--jobs", "3"]
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in demo_env().items() if k not in TELEMETRY_OFF}
+    env["HOME"] = str(home)
     try:
-        result = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=DEMO_TIMEOUT, env=demo_env()
-        )
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=DEMO_TIMEOUT, env=env)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"the demo took over {DEMO_TIMEOUT}s:\n{exc.stdout!r}\n{exc.stderr!r}")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -54,6 +68,7 @@ def test_demo_tells_the_truth_on_every_path(request: pytest.FixtureRequest) -> N
     assert sigkill.split()[-4:] == ["RUNNING", "KILLED", "137", "(SIGKILL)"]
     directory = re.search(r"sqlite:///(\S+)/mlflow\.db", table)
     assert directory is not None and not os.path.exists(directory.group(1))
+    assert sorted(str(p.relative_to(home)) for p in home.rglob("*")) == []
 
 
 # -- nothing outlives the demo ------------------------------------------------------------------

@@ -72,7 +72,7 @@ def test_beat_finds_runs_created_outside_start_run(
 def test_heartbeat_runs_while_training_and_stops_at_the_end(
     scenario: Scenario, store: Store
 ) -> None:
-    env = child_env(store, LIFEGUARD_HEARTBEAT="0.2")
+    env = child_env(store, LIFEGUARD_HEARTBEAT="1")  # the shortest interval allowed
     seen: list[int] = []
 
     def watch_beats(ready: dict[str, object]) -> None:

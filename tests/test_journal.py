@@ -280,7 +280,7 @@ def test_every_lifeguard_log_record_is_redacted(caplog: pytest.LogCaptureFixture
     try:
         raise RuntimeError("cannot reach http://alice:pa55@h/api")
     except RuntimeError as exc:
-        logger().error("lifeguard: write to %s failed: %s", "https://u:pw@h", exc, exc_info=True)
+        logger().error("write to %s failed: %s", "https://u:pw@h", exc, exc_info=True)
     assert "pa55" not in caplog.text and ":pw@" not in caplog.text
     assert "write to https://h failed: cannot reach http://h/api" in caplog.text
 

@@ -215,16 +215,19 @@ def test_a_read_only_home_is_not_written_and_nothing_is_said(store: Store, tmp_p
 def test_a_status_that_cannot_be_kept_is_one_line_that_says_what_happens(
     store: Store, tmp_path: Path
 ) -> None:
-    """Nowhere to journal (the journal's path runs through a file) and a store that cannot be
-    written (another process holds sqlite's write lock past the deadline): one line per run,
-    saying the run stays RUNNING until ``lifeguard sweep`` ends it; no traceback; the exit is
-    the signal's, as without lifeguard."""
+    """Nowhere to journal (the journal's path runs through a file by the time the program
+    ends: install() refuses one that does so already) and a store that cannot be written
+    (another process holds sqlite's write lock past the deadline): one line per run, saying the
+    run stays RUNNING until ``lifeguard sweep`` ends it; no traceback; the exit is the signal's,
+    as without lifeguard."""
     not_a_dir = tmp_path / "a-file"
-    not_a_dir.write_text("")
+    not_a_dir.mkdir()
     env = child_env(store, LIFEGUARD_JOURNAL_DIR=str(not_a_dir / "journal"), LIFEGUARD_DEADLINE="2")
     holder: list[sqlite3.Connection] = []
 
     def lock_the_store(ready: dict[str, object]) -> None:
+        shutil.rmtree(not_a_dir)
+        not_a_dir.write_text("")
         connection = sqlite3.connect(store.path, timeout=30, isolation_level=None)
         connection.execute("BEGIN EXCLUSIVE")
         holder.append(connection)
@@ -244,7 +247,7 @@ def test_a_status_that_cannot_be_kept_is_one_line_that_says_what_happens(
     assert result.returncode == -signal.SIGTERM
     lines = result.stderr.splitlines()
     assert len(lines) == 1, result.stderr
-    assert lines[0].startswith(f"lifeguard: could not end run {result.ready['run_id']} as KILLED")
+    assert lines[0].startswith(f"could not end run {result.ready['run_id']} as KILLED")
     assert "could not be journaled" in lines[0]
     assert "stays RUNNING until `lifeguard sweep` ends it" in lines[0]
     assert store.status(str(result.ready["run_id"])) == "RUNNING"

@@ -130,7 +130,7 @@ def test_a_refused_turns_directory_is_said_in_one_line(
         assert held is None  # no turn taken there; the guardian goes ahead
     said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(said) == 1, said
-    assert said[0].startswith(f"lifeguard: refusing guardian turns directory {turns}: it ")
+    assert said[0].startswith(f"refusing guardian turns directory {turns}: it ")
     assert "\n" not in said[0]
     if kind == "symlink":
         assert list((tmp_path / "elsewhere").iterdir()) == []  # nothing made through it

@@ -370,8 +370,11 @@ def test_no_secret_when_the_final_write_fails_in_process(
     recorder = Recorder(server.port)
     try:
         uri = f"http://{AUTH}@127.0.0.1:{recorder.port}"
+        # No last-gasp replayer (LIFEGUARD_REPLAY_BOUND=0): the server is closed below, and
+        # one would wait for it for its whole bound, ten minutes, after the session ends.
         program = Program(store, uri, MLFLOW_TRACKING_TOKEN=TOKEN,
-                          MLFLOW_TRACKING_PASSWORD=ENV_PASSWORD)  # fmt: skip
+                          MLFLOW_TRACKING_PASSWORD=ENV_PASSWORD,
+                          LIFEGUARD_REPLAY_BOUND="0")  # fmt: skip
         recorder.mode = "deny"  # the final write is refused, with the secrets in the answer
         assert program.finish() == 0
         out, err = program.output()

@@ -143,7 +143,7 @@ def test_trackers_option_forms() -> None:
 
 
 def test_parse_signals_forms() -> None:
-    assert parse_signals("") == ()
+    assert parse_signals((), none=True) == ()  # install(signals=()): no signal, documented
     assert parse_signals(["INT", signal.SIGTERM, 1, "SIGTERM"]) == (2, 15, 1)
 
 

@@ -52,7 +52,7 @@ def finalize(outcome: Outcome) -> None:
         try:
             writer.add_text(TEXT_TAG, str(outcome))  # type: ignore[attr-defined]
         except Exception as exc:  # noqa: BLE001 - closing (flushing) matters more
-            logger().warning("lifeguard: could not write the outcome to TensorBoard: %s", exc)
+            logger().warning("could not write the outcome to TensorBoard: %s", exc)
         writer.close()  # type: ignore[attr-defined]
 
 

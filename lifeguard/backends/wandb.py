@@ -35,5 +35,5 @@ def finalize(outcome: Outcome) -> None:
     try:
         run.summary.update(summary(outcome))
     except Exception as exc:  # noqa: BLE001 - the exit code below is what matters
-        logger().warning("lifeguard: could not add the outcome to the wandb summary: %s", exc)
+        logger().warning("could not add the outcome to the wandb summary: %s", exc)
     run.finish(exit_code=outcome.process_exit_code)

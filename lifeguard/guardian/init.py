@@ -50,7 +50,7 @@ FORWARDED = tuple(
 )
 
 REFUSAL = (
-    "lifeguard: watchdog=True in PID 1 of a PID namespace (a container's entrypoint), but %s: "
+    "watchdog=True in PID 1 of a PID namespace (a container's entrypoint), but %s: "
     "no watchdog (a sidecar would die with PID 1, and PID 1 cannot fork to stay behind without "
     "harming the program). Call install() first thing, or run the program under `lifeguard "
     'run` (ENTRYPOINT ["lifeguard", "run", "--", ...]); the in-process hooks are '
@@ -116,7 +116,7 @@ def start(deadline: float) -> tuple[Channel, int] | None:
         os.close(read_fd)
         os.close(write_fd)
         logger().error(
-            "lifeguard: watchdog=True in PID 1: cannot fork (%s): no watchdog; run the program "
+            "watchdog=True in PID 1: cannot fork (%s): no watchdog; run the program "
             "under `lifeguard run`",
             exc.strerror or exc,
         )
@@ -209,7 +209,7 @@ def _adopt_orphans() -> None:
         from lifeguard._log import logger
 
         logger().warning(
-            "lifeguard: watchdog=True in PID 1: the program cannot adopt its orphans (%s): "
+            "watchdog=True in PID 1: the program cannot adopt its orphans (%s): "
             "os.wait() no longer sees them",
             exc,
         )

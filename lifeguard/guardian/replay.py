@@ -140,7 +140,7 @@ def last_gasp(args: Sequence[str]) -> int:
     if not _wait_for_exits(writer, wait_fds, give_up):
         _say(
             log,
-            f"lifeguard: pid {writer} still ran after the replayer's bound of {bound:g} s; "
+            f"pid {writer} still ran after the replayer's bound of {bound:g} s; "
             f"its journaled statuses stay in {journal.directory} for the next "
             "lifeguard.install() on this machine or `lifeguard sweep`",
         )
@@ -216,10 +216,13 @@ def _logger(directory: str) -> logging.Logger:
     log = logger()
     stream = _FileLog(os.path.join(directory, LOG_NAME)) if _stderr_is_devnull() else sys.stderr
     _out = logging.StreamHandler(stream)
+    # The logger's name says whose line it is: the program that left it has ended.
     if stream is not sys.stderr:
-        _out.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%Y-%m-%dT%H:%M:%S%z"))
+        _out.setFormatter(
+            logging.Formatter("%(asctime)s %(name)s: %(message)s", "%Y-%m-%dT%H:%M:%S%z")
+        )
     else:
-        _out.setFormatter(logging.Formatter("%(message)s"))
+        _out.setFormatter(logging.Formatter("%(name)s: %(message)s"))
     _out.setLevel(logging.ERROR)
     log.addHandler(_out)
     log.propagate = False
@@ -332,7 +335,7 @@ def _replay(
     why = f": {last_error}" if last_error else ""
     _say(
         log,
-        f"lifeguard: {len(pending)} run status(es) journaled by pid {writer} could not be "
+        f"{len(pending)} run status(es) journaled by pid {writer} could not be "
         f"written to {stores_named} within the replayer's bound of {bound:g} s{why}; they stay "
         f"in {journal.directory} for the next lifeguard.install() on this machine or "
         "`lifeguard sweep`",

@@ -644,7 +644,7 @@ class RestStore:
             self.call("POST", "runs/log-batch", {"run_id": entry.run_id, "tags": tags})
         except RestError as exc:
             logger().warning(
-                "lifeguard: run %s ended %s at %s, but its reason tags could not be written: %s",
+                "run %s ended %s at %s, but its reason tags could not be written: %s",
                 entry.run_id,
                 entry.status,
                 self.tracking_uri,

@@ -81,7 +81,7 @@ def turn(directory: str | None = None, wait: float = WAIT) -> Iterator[int | Non
             if held is None:
                 if time.monotonic() >= give_up:
                     _log().warning(
-                        "lifeguard: all %d guardian turns of this host are still taken after "
+                        "all %d guardian turns of this host are still taken after "
                         "%.0fs; ending runs without waiting for one",
                         len(fds),
                         wait,
@@ -110,8 +110,7 @@ def _open_turns(directory: str) -> list[tuple[int, int]]:
             why = untrusted_directory(directory)  # made meanwhile by someone else
     if why is not None:
         _log().error(
-            "lifeguard: refusing guardian turns directory %s: it %s; "
-            "ending runs without taking turns",
+            "refusing guardian turns directory %s: it %s; ending runs without taking turns",
             directory,
             why,
         )
@@ -122,5 +121,5 @@ def _open_turns(directory: str) -> list[tuple[int, int]]:
         try:
             fds.append((number, os.open(os.path.join(directory, f".turn-{number}"), flags, 0o600)))
         except OSError as exc:  # a symlink planted there, a full disk: do without this one
-            _log().debug("lifeguard: guardian turn %d unusable: %s", number, exc)
+            _log().debug("guardian turn %d unusable: %s", number, exc)
     return fds

@@ -427,7 +427,7 @@ class _Stores:
             from lifeguard._log import logger
             from lifeguard.redact import redact_uri
 
-            logger().debug("lifeguard: ending runs at %s through mlflow: %s", redact_uri(uri), why)
+            logger().debug("ending runs at %s through mlflow: %s", redact_uri(uri), why)
             if not self.bounded:
                 from lifeguard.backends.mlflow import runs as mlflow_runs
 

@@ -132,7 +132,7 @@ class Plan:
         for stack, run in active.active_runs(fluent):
             run_id: str = run.info.run_id  # type: ignore[attr-defined]
             if run_id in skip:
-                logger().debug("lifeguard: leaving run %s alone (not this process's)", run_id)
+                logger().debug("leaving run %s alone (not this process's)", run_id)
                 continue
             if stack is main_stack:
                 main_runs.append((stack, run))
@@ -240,7 +240,7 @@ class Plan:
             blocked=lambda: any(sql.write_blocked(uri) for uri in sqlite),
         )
         if still:
-            logger().debug("lifeguard: a sqlite store is locked by someone else; waiting on it")
+            logger().debug("a sqlite store is locked by someone else; waiting on it")
 
     def _add_runs_started_since(self) -> list[Entry]:
         """A signal can interrupt ``start_run`` itself: the main thread runs on to the end of
@@ -431,7 +431,7 @@ def _bounded_flush(fluent: object, budget: float | None) -> None:
             sender = _settle(queue, send, sender, end)
         if sender.failed:
             logger().warning(
-                "lifeguard: MLflow's async logging: %d queued metric, param and tag values "
+                "MLflow's async logging: %d queued metric, param and tag values "
                 "could not be sent: %s",
                 sender.failed,
                 sender.error,
@@ -449,7 +449,7 @@ def _bounded_flush(fluent: object, budget: float | None) -> None:
     unsent = sum(chunk.values for chunk in left)
     in_flight = " (and a request in flight)" if sender.busy else ""
     logger().warning(
-        "lifeguard: MLflow's async logging did not flush in time; %d queued metric, param and "
+        "MLflow's async logging did not flush in time; %d queued metric, param and "
         "tag values not sent%s, ending the runs without them",
         unsent,
         in_flight,
@@ -716,14 +716,14 @@ def _flush_through_mlflow(fluent: object, budget: float | None) -> None:
         try:
             fluent.flush_async_logging()  # type: ignore[attr-defined]
         except Exception as exc:  # noqa: BLE001 - a failed flush must not stop the status write
-            logger().warning("lifeguard: flushing MLflow async logging failed: %s", exc)
+            logger().warning("flushing MLflow async logging failed: %s", exc)
         finally:
             done.set()
 
     threading.Thread(target=flush, name="lifeguard-mlflow-flush", daemon=True).start()
     if not done.wait(budget):
         logger().warning(
-            "lifeguard: MLflow's async logging did not flush in time; some values not sent, "
+            "MLflow's async logging did not flush in time; some values not sent, "
             "ending the runs without them"
         )
 
@@ -757,7 +757,7 @@ def _created_outside_fluent(
         # never prints. (Should a run exist after all, its owner tags find it: the sweep.)
         quiet = not created_outside_fluent_here() and not isinstance(_uncaught(), KeyboardInterrupt)
         (logger().debug if quiet else logger().error)(
-            "lifeguard: cannot search %s for the runs this process created outside "
+            "cannot search %s for the runs this process created outside "
             "mlflow.start_run: %s; `lifeguard sweep` will find them by their owner tags",
             client.tracking_uri,
             f"{type(exc).__name__}: {lines[0] if lines else ''}",

@@ -170,7 +170,7 @@ class Heartbeat:
                     _resume_again(client, run_id)
                     _claim_resume(client, run_id)
                     self._adopted.add(run_id)
-                    logger().debug("lifeguard: adopted resumed run %s", run_id)
+                    logger().debug("adopted resumed run %s", run_id)
             store_of = stores.of_active_runs(fluent)
             stamp = str(now_ms())
             fluent_runs = owned_active_runs(fluent)
@@ -191,11 +191,11 @@ class Heartbeat:
             self._tell_watchdog(by_store)
         except Exception as exc:  # noqa: BLE001 - a heartbeat must never hurt the program
             if not self._failing:
-                logger().warning("lifeguard: heartbeat failed (will retry): %s", exc)
+                logger().warning("heartbeat failed (will retry): %s", exc)
             self._failing = True
         else:
             if self._failing:
-                logger().info("lifeguard: heartbeat recovered")
+                logger().info("heartbeat recovered")
             self._failing = False
         return beaten
 
@@ -245,8 +245,7 @@ def _resume_again(client: MlflowClient, run_id: str) -> None:
     ):
         client.update_run(run_id, status="RUNNING")  # as MLflow's resume: end_time kept
         logger().info(
-            "lifeguard: run %s, resumed here, had been ended %s by the process before it; "
-            "it is RUNNING again",
+            "run %s, resumed here, had been ended %s by the process before it; it is RUNNING again",
             run_id,
             info.status,
         )

@@ -70,7 +70,7 @@ def release(*exceptions: BaseException | None, blocked: Callable[[], bool]) -> b
             emptied = _empty_dead_closures(closures) if closures else 0
             if not blocked():
                 logger().debug(
-                    "lifeguard: released %d frames and %d closure cells of the exception",
+                    "released %d frames and %d closure cells of the exception",
                     cleared,
                     emptied,
                 )
@@ -82,7 +82,7 @@ def release(*exceptions: BaseException | None, blocked: Callable[[], bool]) -> b
 
 def _note_unraisable(unraisable: sys.UnraisableHookArgs) -> None:
     logger().debug(
-        "lifeguard: while releasing the frames of the exception: %r in %r",
+        "while releasing the frames of the exception: %r in %r",
         unraisable.exc_value,
         unraisable.object,
     )

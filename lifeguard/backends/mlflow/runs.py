@@ -168,7 +168,7 @@ def _reason_tags(client: MlflowClient, entry: Entry) -> None:
         client.log_batch(entry.run_id, tags=[RunTag(k, v) for k, v in entry.tags.items()])
     except Exception as exc:  # noqa: BLE001 - the status is in; only the reason is missing
         logger().warning(
-            "lifeguard: run %s ended %s at %s, but its reason tags could not be written: %s",
+            "run %s ended %s at %s, but its reason tags could not be written: %s",
             entry.run_id,
             entry.status,
             redact_uri(client.tracking_uri),
@@ -248,7 +248,7 @@ def replay_journal(
                 # owner ends it with the truth. This ending is history; writing it would end a
                 # live run, and "never overwrite" would then keep the wrong status for good.
                 logger().info(
-                    "lifeguard: run %s was resumed since it was journaled; entry dropped",
+                    "run %s was resumed since it was journaled; entry dropped",
                     entry.run_id,
                 )
                 journal.remove(entry)
@@ -269,7 +269,7 @@ def replay_journal(
                 dead.add(uri)
             counts[result] = counts.get(result, 0) + 1
     if counts[ENDED] or counts[ALREADY_ENDED] or counts[SUPERSEDED]:
-        logger().info("lifeguard: journal replay: %s", counts)
+        logger().info("journal replay: %s", counts)
     return counts
 
 

@@ -52,7 +52,7 @@ def end(client: MlflowClient, entry: Entry, *, seconds: float | None) -> bool | 
 
         tables = _Tables(SqlRun.__table__, SqlTag.__table__)
     except (ImportError, AttributeError, KeyError) as exc:
-        logger().debug("lifeguard: MLflow's SQL models moved (%s); using the client", exc)
+        logger().debug("MLflow's SQL models moved (%s); using the client", exc)
         return None
     try:
         writing = sessions(read_only=False)
@@ -104,7 +104,7 @@ def _end(session: Any, store: Any, tables: _Tables, entry: Entry) -> bool:
         # MLflow's own read raises for that, as its calls would.
         run = store._get_run(run_uuid=entry.run_id, session=session)
         if run.status == RUNNING:
-            logger().debug("lifeguard: run %s was deleted; left as it is", entry.run_id)
+            logger().debug("run %s was deleted; left as it is", entry.run_id)
         return False
     values = _tag_values(entry.tags)
     existing = set(

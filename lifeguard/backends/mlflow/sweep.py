@@ -244,7 +244,7 @@ def _end(client: MlflowClient, decision: Decision) -> str | None:
     except Exception as exc:  # noqa: BLE001 - the status is in; only the reason is missing
         lines = str(exc).strip().splitlines()
         logger().warning(
-            "lifeguard: run %s ended %s, but its reason tags could not be written: %s",
+            "run %s ended %s, but its reason tags could not be written: %s",
             decision.run_id,
             STATUS,
             redact(f"{type(exc).__name__}: {lines[0] if lines else ''}"),
