@@ -360,6 +360,13 @@ def test_sweep_ends_orphans_and_nothing_else(
         assert verdicts[ids["far"]] == verdicts[ids["lost"]] == "alive"
         assert verdicts[ids["silent"]] == verdicts[ids["old_untagged"]] == "skip"
         assert set(statuses().values()) == {"RUNNING"}
+        assert not journal.exists()  # a dry run writes nothing anywhere, its own state included
+
+        # A real sweep records what it saw, and on a first look ends nothing.
+        beat_far()
+        first = run_sweep(proxy.uri, *stale, journal=journal)
+        assert first.returncode == 0, first.stderr
+        assert set(statuses().values()) == {"RUNNING"}
 
         # Sweep after sweep, the lost run's heartbeat stays put: after 3 s it is judged lost,
         # and the dead owner's after 10 s, while the beating one never is.

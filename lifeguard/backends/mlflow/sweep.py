@@ -139,12 +139,13 @@ def sweep(
             raise SweepError(
                 redact(f"cannot read runs from {shown_uri}: {type(exc).__name__}: {exc}")
             ) from None
-        # Recorded before anything is ended (a dry run records too: they are observations, not
-        # writes to the server), so that a failure below loses no sighting.
-        try:
-            sightings.save(experiment_ids)
-        except OSError as exc:
-            raise SweepError(redact(f"cannot record what this sweep saw: {exc}")) from None
+        # Recorded before anything is ended, so that a failure below loses no sighting. A dry
+        # run writes nothing anywhere: it judges by what earlier sweeps recorded.
+        if not dry_run:
+            try:
+                sightings.save(experiment_ids)
+            except OSError as exc:
+                raise SweepError(redact(f"cannot record what this sweep saw: {exc}")) from None
         _hold_back_note(report.decisions, stale_after)
         if not dry_run:
             _leave_journaled(report.decisions, journal)
