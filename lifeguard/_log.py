@@ -5,6 +5,10 @@ when something goes wrong at exit. So the module is imported on first use, not a
 
 Every record of this logger is redacted (``lifeguard.redact``) before any handler sees it: the
 messages carry tracking URIs and servers' error texts, which may hold passwords and tokens.
+
+The logger's name says whose line it is wherever the program configured logging. Where it did
+not, Python prints a warning through its last-resort handler, which shows the message alone: the
+line then starts with "lifeguard: ", so that a user still sees where it came from.
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ def _redact_record(record: logging.LogRecord) -> bool:
         return True
     record.msg = redact(message)
     record.args = None
+    if not logging.getLogger(record.name).hasHandlers() and not message.startswith("lifeguard"):
+        record.msg = f"{LOGGER_NAME}: {record.msg}"  # only the message is shown (docstring)
     if record.exc_info and not record.exc_text:
         # Handlers format exc_text when it is empty; filled here, it is used as it is.
         record.exc_text = redact(logging.Formatter().formatException(record.exc_info))

@@ -102,7 +102,12 @@ class MlflowServer:
             ready.set()
 
         threading.Thread(target=pump, daemon=True).start()
-        if not ready.wait(START_TIMEOUT) or self.proc.poll() is not None:
+        try:
+            started = ready.wait(START_TIMEOUT) and self.proc.poll() is None
+        except BaseException:  # a test's timeout, a Ctrl-C: no server left behind
+            self.stop()
+            raise
+        if not started:
             self.stop()
             raise RuntimeError(f"mlflow server did not start: see {self.log}")
         return self

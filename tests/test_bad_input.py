@@ -332,11 +332,13 @@ def test_an_unknown_variable_is_named_in_a_warning(tmp_path: Path) -> None:
         "import lifeguard; lifeguard.install(); lifeguard.install(); print('installed')", env
     )
     assert result.returncode == 0 and result.stdout == "installed\n", result.stderr
+    # No logging configured: Python shows the message alone, which says whose it is.
     assert result.stderr.splitlines() == [
-        "unknown environment variable LIFEGUARD_COLOUR: ignored; lifeguard's variables are "
-        "listed in its docs/configuration.md",
-        "unknown environment variable LIFEGUARD_WATCHDGO (did you mean LIFEGUARD_WATCHDOG?): "
-        "ignored; lifeguard's variables are listed in its docs/configuration.md",
+        "lifeguard: unknown environment variable LIFEGUARD_COLOUR: ignored; lifeguard's "
+        "variables are listed in its docs/configuration.md",
+        "lifeguard: unknown environment variable LIFEGUARD_WATCHDGO (did you mean "
+        "LIFEGUARD_WATCHDOG?): ignored; lifeguard's variables are listed in its "
+        "docs/configuration.md",
     ]
 
 

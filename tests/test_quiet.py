@@ -247,7 +247,7 @@ def test_a_status_that_cannot_be_kept_is_one_line_that_says_what_happens(
     assert result.returncode == -signal.SIGTERM
     lines = result.stderr.splitlines()
     assert len(lines) == 1, result.stderr
-    assert lines[0].startswith(f"could not end run {result.ready['run_id']} as KILLED")
+    assert lines[0].startswith(f"lifeguard: could not end run {result.ready['run_id']} as KILLED")
     assert "could not be journaled" in lines[0]
     assert "stays RUNNING until `lifeguard sweep` ends it" in lines[0]
     assert store.status(str(result.ready["run_id"])) == "RUNNING"
