@@ -39,7 +39,7 @@ import time
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import logging
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from lifeguard.aside import Failures
     from lifeguard.guardian import rest
@@ -377,9 +377,17 @@ class _Rounds:
                 break
             time.sleep(min(pause, left))
             pause = min(pause * 2, BACKOFF[1])
+        if self.apart:  # the records and the lines too: this process never grows
+            self._forked(lambda: self._finish(pending, last_error))
+        else:
+            self._finish(pending, last_error)
+        return 1 if pending or self.missing else 0
+
+    def _finish(self, pending: list[str], last_error: str) -> bytes:
+        """Record what the rounds saw, and say what is left, in one line each."""
         self._record()
         if not pending and not self.missing:
-            return 0
+            return b""
         log = _logger(self.directory)
         if self.missing:
             named = ", ".join(sorted({self.stores.get(r, "?") for r in self.missing}))
@@ -400,20 +408,32 @@ class _Rounds:
                 f"s{why}; they stay in {self.directory} for the next lifeguard.install() on "
                 "this machine or `lifeguard sweep`",
             )
-        return 1
+        return b""
 
     def _apart(self, pending: list[str]) -> _Report:
         """One round in a forked child. A child that dies without a report wrote what it
         wrote: the entries still there are tried again."""
         import marshal  # built in: nothing to load (json would bring re and enum along)
 
+        data = self._forked(
+            lambda: marshal.dumps(_round(pending, self.writer, self.give_up).dump())
+        )
+        try:
+            return _Report.load(marshal.loads(data))
+        except (EOFError, ValueError, TypeError):
+            return _Report(left=pending, error="a round of writes ended without a report")
+
+    @staticmethod
+    def _forked(work: Callable[[], bytes]) -> bytes:
+        """What ``work`` returns, run in a forked child, which is gone once it has (with all
+        it imported). Empty if the child died first."""
         read_fd, write_fd = os.pipe()
         pid = os.fork()
-        if pid == 0:  # the child: one round, its report, gone
+        if pid == 0:  # the child: the work, its answer, gone
             code = 1
             try:
                 os.close(read_fd)
-                data = memoryview(marshal.dumps(_round(pending, self.writer, self.give_up).dump()))
+                data = memoryview(work())
                 while data:
                     data = data[os.write(write_fd, data) :]
                 code = 0
@@ -430,10 +450,7 @@ class _Rounds:
         finally:
             os.close(read_fd)
             os.waitpid(pid, 0)
-        try:
-            return _Report.load(marshal.loads(b"".join(chunks)))
-        except (EOFError, ValueError, TypeError):
-            return _Report(left=pending, error="a round of writes ended without a report")
+        return b"".join(chunks)
 
     def _record(self) -> None:
         """What the rounds saw, added to the journal's failure records (lifeguard.aside) once:
