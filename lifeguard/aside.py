@@ -256,6 +256,16 @@ class Failures:
 
     # -- moving aside --------------------------------------------------------------------------
 
+    def take_aside(self, entry: Entry, why: str) -> bool:
+        """:meth:`move_aside` for an entry not held yet: under its claim, as it is on disk now
+        (journaled again since by another process, it is that process's, and stays)."""
+        from lifeguard.journal import HELD
+
+        with self.journal.claim(entry, wait=0.0) as claim:
+            if claim.state != HELD or claim.entry is None or claim.entry.pid != entry.pid:
+                return False
+            return self.move_aside(claim.entry, why)
+
     def move_aside(self, entry: Entry, why: str) -> bool:
         """Move ``entry`` (held under its claim) to ``dead/``, with ``why`` added to it, and say
         so in one line. Whether it was moved."""

@@ -88,10 +88,10 @@ def plant_state(
     path.chmod(0o600)
 
 
-def replay(journal: Path) -> subprocess.CompletedProcess[str]:
+def replay(journal: Path, kind: str = "sqlite") -> subprocess.CompletedProcess[str]:
     """install()'s replay, as install() starts it: its output goes nowhere (/dev/null), what
     it has to say to replayer.log."""
-    env = {**_base_env(), "LIFEGUARD_JOURNAL_DIR": str(journal)}
+    env = replayer_env(journal, kind)
     return subprocess.run(
         [sys.executable, "-m", "lifeguard.guardian.replay"], env=env, timeout=CHILD_TIMEOUT,
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -108,13 +108,22 @@ def said(journal: Path) -> list[str]:
 
 @pytest.fixture
 def two_stores(tmp_path: Path, template_db: Path, mlflow_server: MlflowServer) -> dict[str, str]:
-    """kind -> tracking URI: a sqlite store of this test's, and the worker's server."""
+    """kind -> tracking URI: a sqlite store of this test's, and the worker's server (over REST,
+    or through mlflow's client: ``LIFEGUARD_GUARDIAN_REST=0`` in the replayer's environment)."""
     shutil.copy(template_db, tmp_path / "mlflow.db")
-    return {"sqlite": f"sqlite:///{tmp_path / 'mlflow.db'}", "rest": mlflow_server.uri}
+    sqlite = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    return {"sqlite": sqlite, "rest": mlflow_server.uri, "mlflow": mlflow_server.uri}
+
+
+def replayer_env(journal: Path, kind: str) -> dict[str, str]:
+    env = {**_base_env(), "LIFEGUARD_JOURNAL_DIR": str(journal)}
+    if kind == "mlflow":
+        env["LIFEGUARD_GUARDIAN_REST"] = "0"  # the store through mlflow's own client
+    return env
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("kind", ["sqlite", "rest"])
+@pytest.mark.parametrize("kind", ["sqlite", "rest", "mlflow"])
 def test_install_s_replay_writes_past_a_run_the_store_does_not_have(
     two_stores: dict[str, str], tmp_path: Path, kind: str
 ) -> None:
@@ -127,7 +136,7 @@ def test_install_s_replay_writes_past_a_run_the_store_does_not_have(
     journal = tmp_path / "journal"
     for run_id in [MISSING, *runs]:
         write(journal, run_id, uri)
-    done = replay(journal)
+    done = replay(journal, kind)
     assert done.returncode == 1, said(journal)  # one entry left: the missing run's
     assert [client.get_run(r).info.status for r in runs] == ["KILLED", "KILLED"]
     assert [client.get_run(r).data.tags["lifeguard.ended_by"] for r in runs] == ["replay"] * 2
@@ -136,7 +145,7 @@ def test_install_s_replay_writes_past_a_run_the_store_does_not_have(
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("kind", ["sqlite", "rest"])
+@pytest.mark.parametrize("kind", ["sqlite", "rest", "mlflow"])
 def test_the_last_gasp_writes_past_a_run_the_store_does_not_have(
     two_stores: dict[str, str], tmp_path: Path, kind: str
 ) -> None:
@@ -154,7 +163,7 @@ def test_the_last_gasp_writes_past_a_run_the_store_does_not_have(
     for run_id in [MISSING, *runs]:
         write(journal, run_id, uri, writer=identity)
     pidfd = os.pidfd_open(writer.pid)
-    env = {**_base_env(), "LIFEGUARD_JOURNAL_DIR": str(journal), "LIFEGUARD_REPLAY_BOUND": "120"}
+    env = {**replayer_env(journal, kind), "LIFEGUARD_REPLAY_BOUND": "120"}
     replayer = subprocess.Popen(
         [sys.executable, "-m", "lifeguard.guardian.replay", "--last-gasp", "--writer",
          str(writer.pid), "--wait-fd", str(pidfd), "--", MISSING, *runs],

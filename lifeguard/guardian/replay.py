@@ -41,7 +41,6 @@ if TYPE_CHECKING:
     import logging
     from collections.abc import Callable, Sequence
 
-    from lifeguard.aside import Failures
     from lifeguard.guardian import rest
     from lifeguard.guardian.sqlitestore import SqliteStore
     from lifeguard.guardian.watchdog import _MlflowStore
@@ -110,7 +109,7 @@ def at_install() -> int:
                 continue  # it may still be finalizing: it writes this itself, or its guardian
             if entry.tracking_uri in dead:
                 why = failures.due(entry, NOT_SENT)
-                if why is None or not _move_aside(journal, failures, entry, why):
+                if why is None or not failures.take_aside(entry, why):
                     pending = True
                 continue
             moved = False
@@ -140,16 +139,6 @@ def at_install() -> int:
         failures.save(listed)
         failures.say_the_rest()
     return 1 if pending or journal.refused else 0
-
-
-def _move_aside(journal: Journal, failures: Failures, entry: Entry, why: str) -> bool:
-    """Move ``entry`` aside under its claim, as it is on disk now (still the same writer's)."""
-    from lifeguard.journal import HELD
-
-    with journal.claim(entry, wait=0.0) as claim:
-        if claim.state != HELD or claim.entry is None or claim.entry.pid != entry.pid:
-            return False
-        return failures.move_aside(claim.entry, why)
 
 
 class _WritersAlive:

@@ -266,7 +266,7 @@ def replay_journal(
             if uri in dead:
                 counts[NOT_SENT] += 1
                 why = failures.due(entry, NOT_SENT)
-                if why is not None and _move_aside(journal, failures, entry, why):
+                if why is not None and failures.take_aside(entry, why):
                     counts[MOVED_ASIDE] += 1
                 continue
             client = clients.get(uri) or clients.setdefault(uri, MlflowClient(tracking_uri=uri))
@@ -283,7 +283,7 @@ def replay_journal(
                 counts[result] = counts.get(result, 0) + 1
                 failures.saw(entry, result, _first_line(exc))
                 why = failures.due(entry, result)
-                if why is not None and _move_aside(journal, failures, entry, why):
+                if why is not None and failures.take_aside(entry, why):
                     counts[MOVED_ASIDE] += 1
                 continue
             if resumed:
@@ -321,16 +321,6 @@ def replay_journal(
     if counts[ENDED] or counts[ALREADY_ENDED] or counts[SUPERSEDED]:
         logger().info("lifeguard: journal replay: %s", counts)
     return counts
-
-
-def _move_aside(journal: Journal, failures: Failures, entry: Entry, why: str) -> bool:
-    """Move ``entry`` aside under its claim, as it is on disk now (still the same writer's)."""
-    from lifeguard.journal import HELD
-
-    with journal.claim(entry, wait=0.0) as claim:
-        if claim.state != HELD or claim.entry is None or claim.entry.pid != entry.pid:
-            return False
-        return failures.move_aside(claim.entry, why)
 
 
 def _resumed_since(client: MlflowClient, entry: Entry) -> bool:
