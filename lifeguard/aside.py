@@ -180,6 +180,10 @@ class Failures:
 
     def observe(self, run_id: str, uri: str, result: str, error: str = "") -> None:
         """:meth:`saw`, by the entry's run id and store."""
+        from lifeguard.redact import redact
+
+        # Kept in a file and shown in lines: a server's error text may quote a credential.
+        error = redact(error.strip().splitlines()[0][:300]) if error.strip() else ""
         if result == MISSING and not error:
             error = "no such run"
         if result in _ANSWERED:
@@ -227,8 +231,11 @@ class Failures:
         records of entries gone, and of stores with no entry left, are dropped."""
         import json
 
-        if self._untrusted or (not self._events and listed is None):
+        path = os.path.join(self.directory, STATE_NAME)
+        if self._untrusted:
             return
+        if not self.stores and not self.missing and not os.path.lexists(path):
+            return  # nothing is failing, nothing to forget: no file is created
         lock = _lock(self.directory)
         try:
             stores, missing = self._read()
@@ -237,7 +244,6 @@ class Failures:
             if listed is not None:
                 missing = {k: v for k, v in missing.items() if k in listed.runs}
                 stores = {k: v for k, v in stores.items() if k in listed.uris}
-            path = os.path.join(self.directory, STATE_NAME)
             if not stores and not missing:
                 try:
                     os.unlink(path)

@@ -322,3 +322,18 @@ def test_a_span_counts_the_boot_clock_and_not_the_time_between_boots() -> None:
     # A boot clock that went back in the same boot (never, but): nothing is counted for it.
     span = _failed_again(span, "boot-b", 10.0, "")
     assert _length(span) == 5400.0
+
+
+def test_no_credential_reaches_the_failure_records(tmp_path: Path) -> None:
+    """A server's error text may quote a URI with its password: the records keep it redacted,
+    in a private file."""
+    from lifeguard.aside import STATE_NAME, Failures
+
+    journal = Journal(str(tmp_path / "journal"))
+    journal.ensure()
+    failures = Failures(journal).load()
+    failures.observe("a" * 32, "http://h:5000", "journaled", "cannot reach http://u:s3cret@h:5000/")
+    failures.save()
+    state = tmp_path / "journal" / STATE_NAME
+    assert "s3cret" not in state.read_text() and "http://h:5000" in state.read_text()
+    assert stat.S_IMODE(state.stat().st_mode) == 0o600
