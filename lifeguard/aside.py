@@ -138,6 +138,7 @@ class Failures:
         self.moved: list[dict[str, object]] = []
         self._said = 0
         self._untrusted = False
+        self._failing: dict[str, float] = {}  # uri -> seconds failed, as of its last event
 
     # -- the records -------------------------------------------------------------------------
 
@@ -198,6 +199,14 @@ class Failures:
     def _event(self, kind: str, key: str, error: str = "") -> None:
         self._events.append((kind, key, error))
         _apply(self.stores, self.missing, kind, key, error, self.boot, self.up)
+        self._failing.pop(key, None)
+
+    def _store_failing(self, uri: str) -> float:
+        """How long ``uri`` has failed (asked once per entry of a dead store: kept)."""
+        failing = self._failing.get(uri)
+        if failing is None:
+            failing = self._failing[uri] = _length(self.stores.get(uri))
+        return failing
 
     def due(self, entry: Entry, result: str) -> str | None:
         """Why ``entry``, which just came to ``result``, is to be moved aside now; None to keep
@@ -214,12 +223,13 @@ class Failures:
             )
         if result not in _FAILED:
             return None
-        span = self.stores.get(entry.tracking_uri)
-        failing = _length(span)
-        since = entry.journaled_at if entry.journaled_at is not None else entry.end_time
-        age = self.wall - since / 1000
-        if failing < UNREACHABLE_BOUND or age < UNREACHABLE_BOUND:
+        failing = self._store_failing(entry.tracking_uri)
+        if failing < UNREACHABLE_BOUND:
             return None
+        since = entry.journaled_at if entry.journaled_at is not None else entry.end_time
+        if self.wall - since / 1000 < UNREACHABLE_BOUND:
+            return None
+        span = self.stores.get(entry.tracking_uri)
         return (
             f"the store at {_shown(entry.tracking_uri)} has failed every attempt for "
             f"{_duration(failing)} ({_error(span)})"

@@ -152,7 +152,7 @@ class _WritersAlive:
         writer = entry.writer
         if writer is None:
             return False
-        key = repr(sorted(writer.fields().items()))
+        key = repr(tuple(writer.fields().values()))
         alive = self.known.get(key)
         if alive is None:
             alive = self.known[key] = entry.writer_alive() is True

@@ -347,7 +347,7 @@ def _writer_alive(entry: Entry, known: dict[str, bool]) -> bool:
     (``known``): a journal of thousands of entries from a few dead processes."""
     if entry.writer is None:
         return False
-    key = repr(sorted(entry.writer.fields().items()))
+    key = repr(tuple(entry.writer.fields().values()))
     alive = known.get(key)
     if alive is None:
         alive = known[key] = entry.writer_alive() is True
