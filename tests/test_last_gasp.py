@@ -26,7 +26,15 @@ from lifeguard.backends.mlflow.finalizer import FLUSH_CHUNK
 from lifeguard.demo import ChildResult, run_child, wait_gone
 from lifeguard.journal import Entry, Journal
 from lifeguard.owner import Owner, process_start_time
-from tests.conftest import CHILD_TIMEOUT, CHILDREN, Scenario, Store, child_env, trials
+from tests.conftest import (
+    CHILD_TIMEOUT,
+    CHILDREN,
+    Scenario,
+    Store,
+    child_env,
+    lifeguard_cli,
+    trials,
+)
 from tests.servers import FaultProxy, MlflowServer
 
 pytestmark = pytest.mark.slow
@@ -405,6 +413,7 @@ def test_the_replayer_writes_only_what_its_writer_left(store: Store) -> None:
         alive.wait(30)
 
 
+@pytest.mark.timeout(300)
 def test_planted_files_neither_stop_nor_fool_the_replayer(store: Store) -> None:
     """A FIFO and a group-readable file planted in the journal under run-id names: the replayer,
     which reads only its writer's entries, by name, neither blocks on the FIFO nor replays
@@ -429,7 +438,7 @@ def test_planted_files_neither_stop_nor_fool_the_replayer(store: Store) -> None:
     assert store.status(run_id) == "KILLED"
     assert store.status(other) == "RUNNING"
     assert not (directory / "replayer.log").exists()  # nothing to say: it read neither
-    swept = sweep(store.uri, directory)
+    swept = lifeguard_cli("sweep", "--tracking-uri", store.uri, env=child_env(store))
     assert "refusing journal file" in swept.stderr, swept.stderr
     assert "FIFO" in swept.stderr and "0644" in swept.stderr
     assert store.status(other) == "RUNNING"
