@@ -177,14 +177,16 @@ def _replay_journal_in_background() -> None:
     importing mlflow from a thread could deadlock with the program's own ``import mlflow``, and
     bounding MLflow's HTTP calls would change the environment the program's own calls see."""
     global replay_pid
-    from lifeguard.journal import Journal
+    # Not lifeguard.journal: what is needed here is a few system calls, whatever the journal
+    # holds (100,000 entries that can never be written cost what none do).
+    from lifeguard import journaldir
 
-    journal = Journal()
-    if not journal.replay_due():  # one directory listing: the common case costs ~10 us
+    directory = journaldir.default_dir()
+    if not journaldir.replay_due(directory):
         return
     try:
         # Claimed before the start: programs starting together start one replay, not one each.
-        journal.replay_started()
+        journaldir.replay_started(directory)
     except OSError as exc:
         from lifeguard._log import logger
 
@@ -193,7 +195,7 @@ def _replay_journal_in_background() -> None:
     from lifeguard.lastgasp import start_replayer
 
     try:
-        replay_pid = start_replayer(os.path.abspath(journal.directory))
+        replay_pid = start_replayer(os.path.abspath(directory))
     except OSError as exc:
         from lifeguard._log import logger
 

@@ -365,6 +365,23 @@ def _sweep(args: argparse.Namespace, compact: bool = False) -> int:
             f"lifeguard sweep: {not_sent} journaled status(es) for {shown_uri} not sent "
             "(the server failed); they stay in the journal for the next sweep\n"
         )
+    missing = report.journal.get("missing", 0)
+    if missing:
+        # Not the server's failure, nor the sweep's: said, kept, and moved aside after a bound.
+        sys.stderr.write(
+            f"lifeguard sweep: {missing} journaled status(es) are for runs {shown_uri} does not "
+            "have; they stay in the journal and are moved aside once missing for a day\n"
+        )
+    if report.aside_count:
+        first = report.aside[0] if report.aside else {}
+        example = (
+            f" (e.g. run {first.get('run_id')}: {first.get('why')})" if first.get("why") else ""
+        )
+        sys.stderr.write(
+            f"lifeguard sweep: {report.aside_count} journaled status(es) that can never be "
+            f"written are in {report.aside_directory}{example}; read them, then remove them, "
+            "or move them back into the journal to replay them\n"
+        )
     if waiting:
         # Not a failure: those processes are still running here and write their own, or a
         # replay (a dying program's last gasp) is writing them right now.

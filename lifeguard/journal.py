@@ -19,19 +19,33 @@ directory is ours, and never replayed.
 
 from __future__ import annotations
 
-import errno
 import os
 import stat
 import sys
 import time
 
 from lifeguard._log import logger
+from lifeguard.journaldir import (
+    MAX_ENTRY_BYTES,
+    REPLAY_EVERY,
+    REPLAY_STAMP,
+    REPLAY_WANTED,
+    SUFFIX,
+    Untrusted,
+    default_dir,
+    location,
+    read_private,
+    replay_due,
+    replay_started,
+    replay_wanted,
+    untrusted_directory,
+)
 from lifeguard.names import TAG_ENDED_BY
 from lifeguard.redact import redact_uri
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterable, Iterator
 
     from lifeguard.owner import Owner
 
@@ -43,8 +57,16 @@ __all__ = [
     "GONE",
     "HELD",
     "JOURNALED",
+    "MAX_ENTRY_BYTES",
+    "MISSING",
+    "MISSING_BOUND",
     "NOT_SENT",
+    "REPLAY_EVERY",
+    "REPLAY_STAMP",
+    "REPLAY_WANTED",
+    "SUFFIX",
     "SUPERSEDED",
+    "UNREACHABLE_BOUND",
     "WAITING",
     "Claim",
     "Entry",
@@ -53,22 +75,19 @@ __all__ = [
     "Untrusted",
     "after_failed_write",
     "default_dir",
+    "location",
     "read_private",
     "redact_uri",
+    "replay_due",
+    "replay_started",
+    "replay_wanted",
+    "run_missing",
     "untrusted_directory",
 ]
 
 VERSION = 1
-SUFFIX = ".json"
-# Touched by install() each time it starts a replay; see Journal.replay_due.
-REPLAY_STAMP = ".replay-started"
-# A replay that left entries behind (their store still down, or never able to take them) is
-# tried again after this long, or at once when a newer entry appears.
-REPLAY_EVERY = 600.0
 CORRUPT_SUFFIX = ".corrupt"
 REFUSED_SUFFIX = ".refused"
-# An entry is a few hundred bytes; anything much bigger is not one of ours.
-MAX_ENTRY_BYTES = 64 * 1024
 
 
 # What ending a run from an entry came to: the same strings for every store path.
@@ -77,125 +96,26 @@ ALREADY_ENDED = "already ended"
 JOURNALED = "journaled"
 FAILED = "failed"  # neither written nor journaled (the journal itself is unusable)
 SUPERSEDED = "superseded"  # an entry whose run was resumed since by a live process: dropped
+# The store answered that it has no such run (a server re-created on an empty database at the
+# same URI, a run deleted for good): this entry's problem alone, never its store's. Kept, and
+# moved aside after a bound (lifeguard.aside).
+MISSING = "missing"
 # Counted by a replay, never sent: the writer still runs here (it may still be finalizing and
 # writes the entry itself), or the entry's server already failed once in this replay.
 WAITING = "waiting"
 NOT_SENT = "not sent"
 
 
+# How long an entry that can never be written is kept before a replay moves it aside
+# (lifeguard.aside): its run missing from a store that answers (known at once; a database
+# restored from a backup may bring it back), or its store not answering at all (a server that
+# may come back: longer).
+MISSING_BOUND = 24 * 3600.0
+UNREACHABLE_BOUND = 7 * 24 * 3600.0
+
+
 class JournalError(RuntimeError):
     """The journal directory is unusable (wrong owner, not a directory)."""
-
-
-class Untrusted(Exception):
-    """A file or directory that the current user does not solely control."""
-
-
-def untrusted_directory(path: str) -> str | None:
-    """Why ``path`` is not a private directory of the current user, or None if it is one (or
-    does not exist). The last component is not followed: a symlink is refused."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return None
-    if stat.S_ISLNK(st.st_mode):
-        return "is a symbolic link"
-    if not stat.S_ISDIR(st.st_mode):
-        return "is not a directory"
-    if st.st_uid != os.getuid():
-        return f"belongs to uid {st.st_uid}, not to the current user (uid {os.getuid()})"
-    if st.st_mode & 0o022:
-        return f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})"
-    return None
-
-
-def read_private(path: str, limit: int = MAX_ENTRY_BYTES) -> bytes:
-    """The bytes of ``path`` if it is a regular file of the current user, mode 0600, at most
-    ``limit`` bytes; raises :class:`Untrusted` (why) otherwise, FileNotFoundError if it is gone.
-    Never follows a symlink and never blocks (a FIFO, a device), never reads past ``limit``."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.EMLINK):  # O_NOFOLLOW's answer to a symlink
-            raise Untrusted("is a symbolic link") from None
-        raise
-    try:
-        st = os.fstat(fd)  # of what was opened: no window between the check and the read
-        if not stat.S_ISREG(st.st_mode):
-            raise Untrusted(f"is not a regular file ({_kind(st.st_mode)})")
-        if st.st_uid != os.getuid():
-            raise Untrusted(
-                f"belongs to uid {st.st_uid}, not to the current user (uid {os.getuid()})"
-            )
-        if stat.S_IMODE(st.st_mode) != 0o600:
-            raise Untrusted(f"has mode {stat.S_IMODE(st.st_mode):04o}, not 0600")
-        if st.st_size > limit:
-            raise Untrusted(f"is {st.st_size} bytes, more than the {limit} allowed")
-        chunks = []
-        left = limit + 1
-        while left > 0:
-            chunk = os.read(fd, left)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        data = b"".join(chunks)
-        if len(data) > limit:  # grew after the fstat
-            raise Untrusted(f"is more than the {limit} bytes allowed")
-        return data
-    finally:
-        os.close(fd)
-
-
-def _kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISDIR, "a directory"),
-    ):
-        if test(mode):
-            return name
-    return f"mode {mode:o}"
-
-
-def default_dir() -> str:
-    """Where the journal is: ``$LIFEGUARD_JOURNAL_DIR``, else the user's cache
-    (``$XDG_CACHE_HOME/lifeguard/journal``, else ``~/.cache/lifeguard/journal``) if it can be
-    written there, else a private per-user directory on this host (``$XDG_RUNTIME_DIR``'s, then
-    the temporary directory's). A container's user often has no home, or a read-only one:
-    nothing is created under a home that does not exist. Looks, creates nothing."""
-    return _location()[0]
-
-
-def _location() -> tuple[str, str | None]:
-    """(the journal directory, the private per-user directory to create first, if any)."""
-    explicit = os.environ.get("LIFEGUARD_JOURNAL_DIR")
-    if explicit:
-        return explicit, None
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    home = os.path.expanduser("~")
-    for cache, parent in ((xdg, xdg), (os.path.join(home, ".cache"), home)):
-        if not cache or not os.path.isabs(cache):
-            continue
-        # The cache itself, or its parent (the home) when the cache is yet to be made.
-        where = cache if os.path.isdir(cache) else parent
-        if where and os.path.isdir(where) and os.access(where, os.W_OK | os.X_OK):
-            return os.path.join(cache, "lifeguard", "journal"), None
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if (
-        runtime
-        and os.path.isabs(runtime)
-        and os.path.isdir(runtime)
-        and untrusted_directory(runtime) is None
-        and os.access(runtime, os.W_OK | os.X_OK)
-    ):
-        return os.path.join(runtime, "lifeguard", "journal"), None
-    # tempfile.gettempdir() imports half the standard library; install() reads this too.
-    root = os.path.join(os.environ.get("TMPDIR") or "/tmp", f"lifeguard-{os.getuid()}")
-    return os.path.join(root, "journal"), root
 
 
 class Entry:
@@ -207,7 +127,17 @@ class Entry:
     ``pid`` stays in the file for readers of the first format; entries written before
     ``writer`` existed have only ``pid``."""
 
-    __slots__ = ("run_id", "tracking_uri", "status", "end_time", "tags", "path", "pid", "writer")
+    __slots__ = (
+        "run_id",
+        "tracking_uri",
+        "status",
+        "end_time",
+        "tags",
+        "path",
+        "pid",
+        "writer",
+        "journaled_at",
+    )
 
     def __init__(
         self,
@@ -230,6 +160,9 @@ class Entry:
         # watched. Written as the journaling process's own identity unless set.
         self.pid = pid if pid is not None or writer is None else writer.pid
         self.writer = writer
+        # When it was journaled (epoch ms, the writer's clock), as read back from the file: how
+        # old an entry is that cannot be written (lifeguard.aside). None until written.
+        self.journaled_at: int | None = None
 
     def to_json(self) -> str:
         import json  # lazily: json pulls in re, and install() only lists the directory
@@ -287,16 +220,20 @@ class Entry:
         writer = Owner.from_fields(data.get("writer"))
         if writer is not None and pid is not None and writer.pid != pid:
             writer = None  # the two disagree: trust neither more than the other
-        return cls(
+        entry = cls(
             data["run_id"], data["tracking_uri"], data["status"], end_time, tags, path, pid, writer
         )
+        journaled_at = data.get("journaled_at")
+        if isinstance(journaled_at, int) and not isinstance(journaled_at, bool):
+            entry.journaled_at = journaled_at
+        return entry
 
     def written_by(self, who: str) -> Entry:
         """This entry as ``who`` writes it (``lifeguard.ended_by``: ``watchdog``,
         ``supervisor``, ``replay``, ``sweep``): the process journaled its ending as its own,
         and the tag must name whoever really wrote the status. Same file: removed on success."""
         tags = {**self.tags, TAG_ENDED_BY: who}
-        return Entry(
+        entry = Entry(
             self.run_id,
             self.tracking_uri,
             self.status,
@@ -306,6 +243,8 @@ class Entry:
             self.pid,
             self.writer,
         )
+        entry.journaled_at = self.journaled_at
+        return entry
 
     def writer_alive(self) -> bool | None:
         """Whether the process that journaled this entry still runs: True/False where that can
@@ -327,7 +266,7 @@ class Entry:
 
 class Journal:
     def __init__(self, directory: str | None = None) -> None:
-        self.directory, self._private_root = (directory, None) if directory else _location()
+        self.directory, self._private_root = (directory, None) if directory else location()
         # One line per file (or the directory) that entries() refused since this was made.
         self.refused: list[str] = []
         # Why the last entry could not be written, if it could not (see keep).
@@ -361,69 +300,18 @@ class Journal:
         return self.directory
 
     def replay_due(self) -> bool:
-        """Whether ``install()`` should start a replay: an entry waits, and it is newer than
-        the last replay started on this journal, or that one is :data:`REPLAY_EVERY` old. An
-        entry that cannot be written for now (its server gone for a week) then costs a replay,
-        an mlflow import in a process of its own, every ten minutes; not one per program
-        started, nor fifty when a node's fifty jobs start together.
-
-        Cheap enough for install(): an lstat, a directory listing, and a stat per entry only
-        when a stamp exists; nothing parsed. A directory that is not private has nothing to
-        replay (``lifeguard sweep`` says why)."""
-        try:
-            if untrusted_directory(self.directory) is not None:
-                return False
-            names = [name for name in os.listdir(self.directory) if name.endswith(SUFFIX)]
-            if not names:
-                return False
-            stamp = self._read_stamp()
-            if stamp is None:
-                return True
-            started, mtime = stamp
-            # The interval on our own clock (the time written in the stamp), the entries'
-            # age against the stamp's mtime: an NFS server sets both mtimes, and its clock may
-            # be minutes off ours. A start from the future (a clock set back) is no reason to
-            # wait.
-            if not 0 <= time.time() - started < REPLAY_EVERY:
-                return True
-            for name in names:
-                try:
-                    if os.lstat(os.path.join(self.directory, name)).st_mtime >= mtime:
-                        return True
-                except FileNotFoundError:
-                    continue  # replayed meanwhile
-            return False
-        except OSError:
-            return False
-
-    def _read_stamp(self) -> tuple[float, float] | None:
-        """(the local time the last replay started, the stamp's mtime), or None if there is no
-        usable stamp. Never follows a symlink nor blocks on a FIFO planted in its place."""
-        try:
-            data = read_private(os.path.join(self.directory, REPLAY_STAMP), limit=64)
-            mtime = os.lstat(os.path.join(self.directory, REPLAY_STAMP)).st_mtime
-            return float(data.decode().strip()), mtime
-        except (OSError, Untrusted, ValueError, UnicodeDecodeError):
-            return None
+        """Whether ``install()`` should start a replay (``journaldir.replay_due``): in a constant
+        number of system calls, whatever the journal holds."""
+        return replay_due(self.directory)
 
     def replay_started(self) -> None:
-        """Stamp the start of a replay (see :meth:`replay_due`): the local time, written
-        atomically. Raises OSError."""
-        path = os.path.join(self.directory, REPLAY_STAMP)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK
-        fd = os.open(tmp, flags | getattr(os, "O_CLOEXEC", 0), 0o600)
-        try:
-            os.fchmod(fd, 0o600)
-            os.write(fd, f"{time.time()!r}\n".encode())  # full precision: read back as is
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)  # whatever was planted there (a FIFO, a symlink) is replaced
+        """Stamp the start of a replay (``journaldir.replay_started``). Raises OSError."""
+        replay_started(self.directory)
 
     # -- entries ------------------------------------------------------------------------------
 
     def _path(self, run_id: str) -> str:
-        if not run_id or "/" in run_id or run_id.startswith("."):
+        if not _is_run_id(run_id):
             raise ValueError(f"not a run id: {run_id!r}")
         return os.path.join(self.directory, run_id + SUFFIX)
 
@@ -459,21 +347,25 @@ class Journal:
         the same entry at once (see :class:`Claim`)."""
         return Claim(entry.path or self._path(entry.run_id), wait)
 
-    def entries(self) -> Iterator[Entry]:
-        """Every trusted, readable entry. A file that is not the current user's private regular
-        file is refused (see the module's docstring); a corrupt one is reported, set aside
-        (renamed ``.corrupt``) and skipped: neither stops the others from being replayed. In a
-        directory that is not private, nothing is read at all."""
+    def entries(self, run_ids: Iterable[str] | None = None) -> Iterator[Entry]:
+        """Every trusted, readable entry (only those of ``run_ids``, if given: read by name,
+        never listed, whatever else the journal holds). A file that is not the current user's
+        private regular file is refused (see the module's docstring); a corrupt one is
+        reported, set aside (renamed ``.corrupt``) and skipped: neither stops the others from
+        being replayed. In a directory that is not private, nothing is read at all."""
         why = untrusted_directory(self.directory)
         if why is not None:
             self._refuse(
                 f"refusing journal directory {self.directory}: it {why}; nothing in it is replayed"
             )
             return
-        try:
-            names = sorted(os.listdir(self.directory))
-        except FileNotFoundError:
-            return
+        if run_ids is not None:
+            names = sorted({run_id + SUFFIX for run_id in run_ids if _is_run_id(run_id)})
+        else:
+            try:
+                names = sorted(os.listdir(self.directory))
+            except FileNotFoundError:
+                return
         for name in names:
             if not name.endswith(SUFFIX):
                 continue
@@ -532,6 +424,11 @@ class Journal:
             os.replace(path, aside)
         except OSError as exc:
             logger().error("could not set %s aside: %s", path, exc)
+
+
+def _is_run_id(name: str) -> bool:
+    """Whether ``name`` can name an entry file in the directory (and nothing elsewhere)."""
+    return bool(name) and "/" not in name and not name.startswith(".")
 
 
 def _note_kept(path: str) -> None:
@@ -630,6 +527,10 @@ def after_failed_write(journal: Journal | None, entry: Entry, where: str, error:
         journal.keep(entry)
     if entry.path:
         next_step = f"kept in the journal ({entry.path})"
+        if _journaled_here(entry.path):
+            # A status this process leaves: the next install() on this journal replays it at
+            # once (journaldir.replay_due), not at the next ten-minute round.
+            replay_wanted(os.path.dirname(entry.path))
     else:
         why = journal.unusable if journal is not None and journal.unusable else "no journal"
         next_step = (
@@ -645,6 +546,39 @@ def after_failed_write(journal: Journal | None, entry: Entry, where: str, error:
         next_step,
     )
     return JOURNALED if entry.path else FAILED
+
+
+def run_missing(journal: Journal | None, entry: Entry, where: str, error: object) -> str:
+    """The store at ``where`` answered that it has no run ``entry.run_id`` (MISSING): a server
+    re-created on an empty database at the same URI, a run deleted for good. The entry's own
+    problem: it is kept (journaled if it was not), said in one line, and moved aside by a
+    replay once the run has been missing for :data:`MISSING_BOUND` (``lifeguard.aside``); it
+    never stops another entry, nor another run of the same store."""
+    if journal is not None and entry.path is None:
+        journal.keep(entry)
+    kept = f"kept in the journal ({entry.path})" if entry.path else "not journaled"
+    logger().warning(
+        "run %s is not in the store at %s (%s): its %s status cannot be written "
+        "there; %s, and moved aside if the run is still missing after %s",
+        entry.run_id,
+        where,
+        _first_line(error),
+        entry.status,
+        kept,
+        _hours(MISSING_BOUND),
+    )
+    return MISSING
+
+
+def _hours(seconds: float) -> str:
+    hours = seconds / 3600
+    return f"{hours:g} hours" if hours < 48 else f"{hours / 24:g} days"
+
+
+def _journaled_here(path: str) -> bool:
+    """Whether this process wrote the entry at ``path`` (rather than read it: a replay)."""
+    lastgasp = sys.modules.get("lifeguard.lastgasp")
+    return lastgasp is not None and bool(lastgasp.journaled_here(path))
 
 
 def _first_line(error: object) -> str:

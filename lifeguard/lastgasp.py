@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BOUND_ENV",
     "DEFAULT_BOUND",
+    "journaled_here",
     "leave_replayer",
     "note_gone",
     "note_guardian",
@@ -68,6 +69,11 @@ def note_kept(path: str) -> None:
     """The journal is about to write the entry at ``path`` for this process (noted first: a
     death in the middle of the write still finds it). Absolute: the program may chdir."""
     _kept[os.path.abspath(path)] = os.getpid()
+
+
+def journaled_here(path: str) -> bool:
+    """Whether this process journaled the entry at ``path`` and has not seen it written."""
+    return _kept.get(os.path.abspath(path)) == os.getpid()
 
 
 def note_gone(path: str) -> None:

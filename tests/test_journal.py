@@ -292,10 +292,21 @@ def _entry(journal: Journal, run_id: str) -> None:
     journal.write(Entry(run_id, "http://127.0.0.1:9", "KILLED", 1, {}))
 
 
-def test_a_replay_is_due_once_per_interval_or_for_a_newer_entry(tmp_path: Path) -> None:
+def _left(journal: Journal, run_id: str) -> None:
+    """A status this process leaves after a write that failed, as a finalizer or a guardian
+    leaves one: journaled ahead, then the write fails."""
+    from lifeguard.journal import after_failed_write
+
+    entry = Entry(run_id, "http://127.0.0.1:9", "KILLED", 1, {})
+    journal.write(entry)
+    after_failed_write(journal, entry, "http://127.0.0.1:9", "connection refused")
+
+
+def test_a_replay_is_due_once_per_interval_or_for_a_status_left_since(tmp_path: Path) -> None:
     """An entry nobody can write for now (its server gone) costs a replay per REPLAY_EVERY, not
-    one per program started; a new entry is replayed at the next install()."""
-    from lifeguard.journal import REPLAY_EVERY, REPLAY_STAMP
+    one per program started; a status a process left since, after a failed write, is replayed
+    at the next install()."""
+    from lifeguard.journal import REPLAY_EVERY, REPLAY_STAMP, REPLAY_WANTED
 
     journal = Journal(str(tmp_path / "journal"))
     assert not journal.replay_due()  # no directory
@@ -306,18 +317,21 @@ def test_a_replay_is_due_once_per_interval_or_for_a_newer_entry(tmp_path: Path) 
     journal.replay_started()
     stamp = tmp_path / "journal" / REPLAY_STAMP
     assert stat.S_IMODE(stamp.stat().st_mode) == 0o600
-    old = time.time() - 5
-    os.utime(tmp_path / "journal" / ("a" * 32 + ".json"), (old, old))
     assert not journal.replay_due()  # tried just now, and nothing new since
     _entry(journal, "b" * 32)
-    assert journal.replay_due()  # a newer entry
+    assert not journal.replay_due()  # a write in flight: its writer writes it, or leaves it
+    _left(journal, "c" * 32)
+    wanted = tmp_path / "journal" / REPLAY_WANTED
+    assert stat.S_IMODE(wanted.stat().st_mode) == 0o600
+    assert journal.replay_due()  # a status left since the last replay
     journal.replay_started()
-    os.utime(tmp_path / "journal" / ("b" * 32 + ".json"), (old, old))
     assert not journal.replay_due()
     # The interval is kept on the local clock, in the stamp (an NFS server's clock sets its
     # mtime, and may be minutes off).
+    old = time.time() - 5
     stamp.write_text(f"{time.time() - REPLAY_EVERY - 1}\n")
     os.utime(stamp, (old + 1, old + 1))
+    os.utime(wanted, (old, old))
     assert journal.replay_due()  # the interval is over
     stamp.write_text(f"{time.time() + 3600}\n")
     os.utime(stamp, (old + 1, old + 1))
@@ -325,9 +339,47 @@ def test_a_replay_is_due_once_per_interval_or_for_a_newer_entry(tmp_path: Path) 
     stamp.write_text(f"{time.time()}\n")
     skewed = time.time() - 700  # the server's clock, 700 s behind ours
     os.utime(stamp, (skewed, skewed))
-    for name in ("a" * 32, "b" * 32):
-        os.utime(tmp_path / "journal" / (name + ".json"), (skewed - 5, skewed - 5))
-    assert not journal.replay_due()  # started just now by our clock, nothing newer since
+    os.utime(wanted, (skewed - 5, skewed - 5))
+    assert not journal.replay_due()  # started just now by our clock, nothing left since
+    os.utime(wanted, (skewed + 5, skewed + 5))
+    assert journal.replay_due()  # left since, by the server's clock
+    for path in (tmp_path / "journal").glob("*.json"):
+        path.unlink()
+    stamp.write_text(f"{time.time() - REPLAY_EVERY - 1}\n")
+    assert not journal.replay_due()  # nothing waits
+
+
+def test_install_s_look_at_the_journal_does_not_grow_with_it(tmp_path: Path) -> None:
+    """install() decides whether a replay is due in the same few system calls whatever the
+    journal holds: 3,000 entries that cannot be written cost what one does (each file it opens,
+    stats or lists is counted; the decision itself is the same)."""
+
+    def calls(entries: int) -> tuple[bool, list[tuple[str, str]]]:
+        directory = tmp_path / f"journal-{entries}"
+        journal = Journal(str(directory))
+        journal.ensure()
+        for n in range(entries):
+            (directory / f"{n:032x}.json").write_text("{}")
+        journal.replay_started()
+        seen: list[tuple[str, str]] = []
+        real = {name: getattr(os, name) for name in ("open", "lstat", "stat", "listdir", "scandir")}
+
+        def counting(name: str) -> object:
+            def call(*args: object, **kwargs: object) -> object:
+                seen.append((name, os.path.relpath(str(args[0]), directory) if args else ""))
+                return real[name](*args, **kwargs)
+
+            return call
+
+        with pytest.MonkeyPatch.context() as patch:
+            for name in real:
+                patch.setattr(os, name, counting(name))
+            due = journal.replay_due()
+        return due, seen
+
+    assert calls(1) == calls(3_000)
+    due, seen = calls(1)
+    assert not due and len(seen) <= 5, seen
 
 
 def test_a_planted_stamp_neither_blocks_nor_silences_the_replay(tmp_path: Path) -> None:

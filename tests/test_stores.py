@@ -169,3 +169,34 @@ def test_the_journal_names_each_run_s_own_store(
     assert sweep.returncode == 0, sweep.stdout + sweep.stderr
     assert real.status(run_id) == "KILLED"
     assert not (second / "mlflow.db").exists()
+
+
+ENDS_MANY_RUNS = """
+count = int(os.environ["TEST_RUNS"])
+outer = mlflow.start_run()  # open all along: its store must still be known at the end
+for _ in range(count):
+    with mlflow.start_run(nested=True):
+        pass
+from lifeguard.backends.mlflow import stores
+kept = len(stores._by_stamp)
+mlflow.set_tracking_uri(os.environ["TEST_SECOND_URI"])
+demo.announce(run_ids=[outer.info.run_id], kept=kept)
+threading.Event().wait()
+"""
+
+
+@pytest.mark.timeout(600)
+def test_bookkeeping_does_not_grow_with_the_runs_ended(
+    tmp_path: Path, template_db: Path, store: Store
+) -> None:
+    """A process that starts and ends 100 runs keeps the store of the runs still open (and of
+    the latest few started), not one record per run it ever ended; the run open all along still
+    ends in its own store, after the program switched to another one."""
+    other = store_at(template_db, tmp_path / "other" / "mlflow.db")
+    env = child_env(store, TEST_SECOND_URI=other.uri, TEST_START=str(tmp_path), TEST_RUNS="100")
+    result = run(ENDS_MANY_RUNS, env, send=(signal.SIGTERM,), install={})
+    assert result.returncode == -signal.SIGTERM, result.stderr
+    # The open run's and at most twice the latest few (stores.RECENT, 16): not one per run.
+    assert int(result.ready["kept"]) <= 32, result.ready  # type: ignore[call-overload]
+    [outer] = result.ready["run_ids"]  # type: ignore[misc]
+    assert store.status(outer) == "KILLED", result.stderr

@@ -39,7 +39,7 @@ import time
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import logging
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from lifeguard.guardian import rest
     from lifeguard.guardian.sqlitestore import SqliteStore
@@ -80,9 +80,12 @@ def at_install() -> int:
     sqlite and REST without importing mlflow, which would cost seconds of CPU beside the program
     starting up), each under the journal's claim, as ``replay``. Each attempt may take
     :data:`INSTALL_ATTEMPT`, the whole replay as long as its entries need: only a store that
-    failed is given up on, for this round. 1 if any is left pending."""
+    failed is given up on, for this round; an entry whose run is missing stops nothing else.
+    An entry that can never be written is moved aside once past its bound (``lifeguard.aside``),
+    said in ``replayer.log``. 1 if any is left pending."""
+    from lifeguard.aside import Failures, Listed
     from lifeguard.backends.mlflow.heartbeat import ADOPT_EVERY
-    from lifeguard.journal import CLAIM_WAIT, GONE, JOURNALED, Journal
+    from lifeguard.journal import CLAIM_WAIT, GONE, HELD, JOURNALED, MISSING, NOT_SENT, Journal
 
     # The program that started this replay may be about to resume one of these very runs (a
     # requeued job's next attempt): its heartbeat rewrites the owner tags within ADOPT_EVERY of
@@ -92,35 +95,68 @@ def at_install() -> int:
     # Reads only the user's own private entries (journal.py): a planted one is refused, never
     # sent anywhere with the user's credentials.
     journal = Journal()
+    # Its output goes nowhere: what it refuses and what it moves aside go to replayer.log.
+    log = _logger(journal.directory)
+    failures = Failures(journal, say=lambda line: _tell(log, line)).load()
+    listed = Listed()
     stores = _Stores(attempt=INSTALL_ATTEMPT)
     dead: set[str] = set()  # stores that failed once: not asked again in this replay
+    alive = _WritersAlive()
     pending = False
     try:
-        for entry in journal.entries():
-            if entry.writer_alive() is True:
+        for entry in map(listed.add, journal.entries()):
+            if alive(entry):
                 continue  # it may still be finalizing: it writes this itself, or its guardian
             if entry.tracking_uri in dead:
-                pending = True
+                why = failures.due(entry, NOT_SENT)
+                if why is None or not failures.take_aside(entry, why):
+                    pending = True
                 continue
+            moved = False
             with journal.claim(entry, wait=CLAIM_WAIT) as claim:
                 if claim.state == GONE or claim.entry is None:
                     continue  # written by another replay, or being written by one now
-                if claim.entry.writer_alive() is True:
+                if alive(claim.entry):
                     continue  # journaled again since the listing, by a process still running
                 try:
                     entry_now = claim.entry.written_by("replay")
-                    result, _ = stores.apply(entry_now, journal, give_up=float("inf"))
+                    result, error = stores.apply(entry_now, journal, give_up=float("inf"))
                 except ImportError:
-                    result = JOURNALED  # a store only mlflow can write, and no mlflow here
+                    result, error = JOURNALED, "a store only mlflow can write, and no mlflow here"
                 except Exception:  # noqa: BLE001 - this entry's own: the others still go
                     pending = True  # it stays journaled, for the next replay or the sweep
                     continue
+                failures.saw(claim.entry, result, error)
+                why = failures.due(claim.entry, result)
+                if why is not None and claim.state == HELD:
+                    moved = failures.move_aside(claim.entry, why)
             if result == JOURNALED:
-                dead.add(entry.tracking_uri)
+                dead.add(entry.tracking_uri)  # the store failed; a missing run is no such sign
+            if result in (JOURNALED, MISSING) and not moved:
                 pending = True
     finally:
         stores.close()
+        failures.save(listed)
+        failures.say_the_rest()
     return 1 if pending or journal.refused else 0
+
+
+class _WritersAlive:
+    """``Entry.writer_alive() is True``, asked once per writer: a journal of 100,000 entries
+    from a few dead processes reads /proc a few times, not 100,000."""
+
+    def __init__(self) -> None:
+        self.known: dict[str, bool] = {}
+
+    def __call__(self, entry: Entry) -> bool:
+        writer = entry.writer
+        if writer is None:
+            return False
+        key = repr(tuple(writer.fields().values()))
+        alive = self.known.get(key)
+        if alive is None:
+            alive = self.known[key] = entry.writer_alive() is True
+        return alive
 
 
 # -- the last gasp --------------------------------------------------------------------------
@@ -130,28 +166,36 @@ def last_gasp(args: Sequence[str]) -> int:
     started = time.monotonic()
     writer, wait_fds, run_ids = _parse(args)
     _close_inherited(keep=wait_fds)
-    from lifeguard.journal import Journal
+    from lifeguard.journaldir import SUFFIX, default_dir
     from lifeguard.lastgasp import BOUND_ENV, DEFAULT_BOUND
 
-    journal = Journal()
-    log = _logger(journal.directory)
+    # This process only waits (for the writer, then between rounds), for up to its bound, and
+    # holds no more than waiting needs: each round of writes runs in a child of its own, which
+    # imports what the stores need (an HTTP client, sqlite3) and is gone with it (_Rounds).
+    directory = default_dir()
     bound = _bound(os.environ.get(BOUND_ENV), DEFAULT_BOUND)
     give_up = started + bound
     if not _wait_for_exits(writer, wait_fds, give_up):
         _say(
-            log,
+            _logger(directory),
             f"pid {writer} still ran after the replayer's bound of {bound:g} s; "
-            f"its journaled statuses stay in {journal.directory} for the next "
+            f"its journaled statuses stay in {directory} for the next "
             "lifeguard.install() on this machine or `lifeguard sweep`",
         )
         return 1
-    wanted = set(run_ids)
-    # Only what this writer left: another process's entries are its own replayer's, or
-    # install()'s and the sweep's, which check that their writer is gone.
-    pending = [e for e in journal.entries() if e.run_id in wanted and e.pid == writer]
+    # Only what this writer left, looked up by name: the journal's other entries, however
+    # many, are not read here (another process's are its own replayer's, or install()'s and
+    # the sweep's, which check that their writer is gone).
+    pending = [
+        run_id
+        for run_id in run_ids
+        if "/" not in run_id
+        and not run_id.startswith(".")
+        and os.path.lexists(os.path.join(directory, run_id + SUFFIX))
+    ]
     if not pending:
         return 0  # written meanwhile (by a guardian): nothing imported, nothing to say
-    return _replay(pending, journal, writer, give_up, bound, log)
+    return _Rounds(directory, writer, give_up, bound).run(pending)
 
 
 def _parse(args: Sequence[str]) -> tuple[int, list[int], list[str]]:
@@ -285,62 +329,223 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _replay(
-    pending: list[Entry],
-    journal: Journal,
-    writer: int,
-    give_up: float,
-    bound: float,
-    log: logging.Logger,
-) -> int:
-    from lifeguard.journal import ENDED, GONE, HELD
+class _Rounds:
+    """The last gasp's rounds of writes, with backoff between them, until its entries are
+    written or its bound is reached. Each round runs in a forked child that reports back on a
+    pipe and exits: the replayer that waits through an outage keeps about 10 MiB, where one
+    that had made a request itself would keep the HTTP client's modules (twice that). A
+    store that only mlflow can write is the exception: its import costs seconds of CPU, so
+    once a round needed it, the rounds run in this process."""
 
-    stores = _Stores()
-    pause = BACKOFF[0]
-    last_error = ""
-    try:
+    def __init__(self, directory: str, writer: int, give_up: float, bound: float) -> None:
+        self.directory = directory
+        self.writer = writer
+        self.give_up = give_up
+        self.bound = bound
+        self.apart = True
+        # Every result, in order: recorded once, at the end (lifeguard.aside).
+        self.seen: list[tuple[str, str, str, str]] = []
+        self.stores: dict[str, str] = {}  # run id -> its store, redacted
+        self.missing: list[str] = []  # run ids whose store has no such run
+
+    def run(self, pending: list[str]) -> int:
+        pause = BACKOFF[0]
+        last_error = ""
         while True:
-            dead: set[str] = set()  # stores that failed this round: not asked again in it
-            still: list[Entry] = []
-            for entry in pending:
-                if entry.tracking_uri in dead or time.monotonic() >= give_up:
-                    still.append(entry)
-                    continue
-                with journal.claim(entry, wait=0.0) as claim:
-                    if claim.state == GONE:
-                        continue  # written by another replay (install()'s, the sweep's)
-                    if claim.state != HELD or claim.entry is None:
-                        still.append(entry)  # another replay is at it now: see next round
-                        continue
-                    current = claim.entry
-                    if current.pid != writer:
-                        continue  # journaled again since, by a later process: its own now
-                    result, error = stores.apply(current, journal, give_up)
-                if result == ENDED or result in _DONE:
-                    continue
-                still.append(current)
-                dead.add(current.tracking_uri)
-                last_error = error or last_error
-            pending = still
+            if self.apart:
+                report = self._apart(pending)
+            else:
+                report = _round(pending, self.writer, self.give_up)
+            self.apart = self.apart and not report.mlflow
+            self.seen.extend(report.seen)
+            self.stores.update(report.stores)
+            self.missing += [r for r in report.missing if r not in self.missing]
+            last_error = report.error or last_error
+            pending = report.left
             if not pending:
-                return 0
-            left = give_up - time.monotonic()
+                break
+            left = self.give_up - time.monotonic()
             if left <= 0:
                 break
             time.sleep(min(pause, left))
             pause = min(pause * 2, BACKOFF[1])
+        if self.apart:  # the records and the lines too: this process never grows
+            self._forked(lambda: self._finish(pending, last_error))
+        else:
+            self._finish(pending, last_error)
+        return 1 if pending or self.missing else 0
+
+    def _finish(self, pending: list[str], last_error: str) -> bytes:
+        """Record what the rounds saw, and say what is left, in one line each."""
+        self._record()
+        if not pending and not self.missing:
+            return b""
+        log = _logger(self.directory)
+        if self.missing:
+            named = ", ".join(sorted({self.stores.get(r, "?") for r in self.missing}))
+            _say(
+                log,
+                f"{len(self.missing)} run status(es) journaled by pid {self.writer} "
+                f"are for runs that {named} does not have (run {self.missing[0]}); they stay in "
+                f"{self.directory} and are moved aside after {_hours()} by the next "
+                "lifeguard.install() on this machine or `lifeguard sweep`",
+            )
+        if pending:
+            named = ", ".join(sorted({self.stores.get(r, "?") for r in pending}))
+            why = f": {last_error}" if last_error else ""
+            _say(
+                log,
+                f"{len(pending)} run status(es) journaled by pid {self.writer} could "
+                f"not be written to {named} within the replayer's bound of {self.bound:g} "
+                f"s{why}; they stay in {self.directory} for the next lifeguard.install() on "
+                "this machine or `lifeguard sweep`",
+            )
+        return b""
+
+    def _apart(self, pending: list[str]) -> _Report:
+        """One round in a forked child. A child that dies without a report wrote what it
+        wrote: the entries still there are tried again."""
+        import marshal  # built in: nothing to load (json would bring re and enum along)
+
+        data = self._forked(
+            lambda: marshal.dumps(_round(pending, self.writer, self.give_up).dump())
+        )
+        try:
+            return _Report.load(marshal.loads(data))
+        except (EOFError, ValueError, TypeError):
+            return _Report(left=pending, error="a round of writes ended without a report")
+
+    @staticmethod
+    def _forked(work: Callable[[], bytes]) -> bytes:
+        """What ``work`` returns, run in a forked child, which is gone once it has (with all
+        it imported). Empty if the child died first."""
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: the work, its answer, gone
+            code = 1
+            try:
+                os.close(read_fd)
+                data = memoryview(work())
+                while data:
+                    data = data[os.write(write_fd, data) :]
+                code = 0
+            finally:
+                try:
+                    sys.stderr.flush()
+                finally:
+                    os._exit(code)
+        os.close(write_fd)
+        chunks = []
+        try:
+            while chunk := os.read(read_fd, 1 << 16):
+                chunks.append(chunk)
+        finally:
+            os.close(read_fd)
+            os.waitpid(pid, 0)
+        return b"".join(chunks)
+
+    def _record(self) -> None:
+        """What the rounds saw, added to the journal's failure records (lifeguard.aside) once:
+        when a store started failing, which runs it does not have."""
+        if not self.seen:
+            return
+        from lifeguard.aside import Failures
+        from lifeguard.journal import Journal
+
+        failures = Failures(Journal(self.directory)).load()
+        for run_id, uri, result, error in self.seen:
+            failures.observe(run_id, uri, result, error)
+        failures.save()
+
+
+class _Report:
+    """What one round came to."""
+
+    def __init__(
+        self,
+        left: list[str],
+        error: str = "",
+        stores: dict[str, str] | None = None,
+        missing: list[str] | None = None,
+        seen: list[tuple[str, str, str, str]] | None = None,
+        mlflow: bool = False,
+    ) -> None:
+        self.left = left  # run ids to try again
+        self.error = error  # the last failure's cause
+        self.stores = stores or {}
+        self.missing = missing or []
+        self.seen = seen or []
+        self.mlflow = mlflow  # mlflow was imported: later rounds run in the replayer itself
+
+    def dump(
+        self,
+    ) -> tuple[list[str], str, dict[str, str], list[str], list[tuple[str, str, str, str]], bool]:
+        return (self.left, self.error, self.stores, self.missing, self.seen, self.mlflow)
+
+    @classmethod
+    def load(cls, data: object) -> _Report:
+        if not isinstance(data, tuple) or len(data) != 6:
+            raise ValueError("not a round's report")
+        left, error, stores, missing, seen, mlflow = data
+        return cls(list(left), str(error), dict(stores), list(missing), list(seen), bool(mlflow))
+
+
+def _round(run_ids: list[str], writer: int, give_up: float) -> _Report:
+    """One attempt at each of ``run_ids``' entries still journaled by ``writer``, each under its
+    claim; a store that fails is not asked again in this round, a run it does not have stops
+    nothing else."""
+    from lifeguard.journal import ENDED, GONE, HELD, MISSING, Journal
+    from lifeguard.redact import redact_uri
+
+    journal = Journal()
+    if _out is None:
+        _logger(journal.directory)
+    stores = _Stores()
+    report = _Report(left=[], mlflow=False)
+    dead: set[str] = set()  # stores that failed this round: not asked again in it
+    try:
+        # Read by name; a file planted in an entry's place is refused (named, set aside).
+        for entry in journal.entries(run_ids):
+            if entry.pid != writer:
+                continue  # journaled again since, by a later process: its own now
+            report.stores[entry.run_id] = redact_uri(entry.tracking_uri)
+            if entry.tracking_uri in dead or time.monotonic() >= give_up:
+                report.left.append(entry.run_id)
+                continue
+            with journal.claim(entry, wait=0.0) as claim:
+                if claim.state == GONE:
+                    continue  # written by another replay (install()'s, the sweep's)
+                if claim.state != HELD or claim.entry is None:
+                    report.left.append(entry.run_id)  # another replay is at it: next round
+                    continue
+                current = claim.entry
+                if current.pid != writer:
+                    continue  # journaled again since, by a later process: its own now
+                try:
+                    result, error = stores.apply(current, journal, give_up)
+                except Exception as exc:  # noqa: BLE001 - this entry's own: the others still go
+                    result, error = "failed", f"{type(exc).__name__}: {exc}"
+            report.seen.append((current.run_id, current.tracking_uri, result, error))
+            if result == ENDED or result in _DONE:
+                continue
+            if result == MISSING:
+                # The store answered: asking again in five seconds would not change it. The
+                # entry stays journaled, for install()'s replay and the sweep to move aside.
+                report.missing.append(current.run_id)
+                continue
+            report.left.append(current.run_id)
+            dead.add(current.tracking_uri)
+            report.error = error or report.error
     finally:
         stores.close()
-    stores_named = ", ".join(sorted({_shown(e.tracking_uri) for e in pending}))
-    why = f": {last_error}" if last_error else ""
-    _say(
-        log,
-        f"{len(pending)} run status(es) journaled by pid {writer} could not be "
-        f"written to {stores_named} within the replayer's bound of {bound:g} s{why}; they stay "
-        f"in {journal.directory} for the next lifeguard.install() on this machine or "
-        "`lifeguard sweep`",
-    )
-    return 1
+    report.mlflow = "mlflow" in sys.modules
+    return report
+
+
+def _hours() -> str:
+    from lifeguard.journal import MISSING_BOUND
+
+    return f"{MISSING_BOUND / 3600:g} hours"
 
 
 _DONE = frozenset({"already ended", "superseded"})
@@ -350,6 +555,21 @@ def _shown(uri: str) -> str:
     from lifeguard.redact import redact_uri
 
     return redact_uri(uri)
+
+
+def _tell(log: logging.Logger, line: str) -> None:
+    """A line shown where the replayer speaks, though its failed attempts are not."""
+    import logging
+
+    if _out is None:
+        log.warning("%s", line)
+        return
+    level = _out.level
+    _out.setLevel(logging.WARNING)
+    try:
+        log.warning("%s", line)
+    finally:
+        _out.setLevel(level)
 
 
 def _say(log: logging.Logger, line: str) -> None:

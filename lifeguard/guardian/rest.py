@@ -55,6 +55,7 @@ __all__ = [
     "FORCE_ENV",
     "RestError",
     "RestStore",
+    "no_such_run",
     "unsupported",
     "warm",
 ]
@@ -485,13 +486,17 @@ class RestStore:
     def apply_journaled(self, entry: Entry, *, journal: Journal, ended_by: str | None) -> str:
         """Write an entry the dead process journaled, as ``ended_by`` (None: as the entry
         says): SUPERSEDED (dropped) if its run was adopted since, ALREADY_ENDED (dropped) if it
-        no longer runs, else as :meth:`apply`; JOURNALED, kept, while the run cannot be read.
-        One read serves every check (a basic-auth server spends ~0.4 s on each request)."""
-        from lifeguard.journal import SUPERSEDED
+        no longer runs, else as :meth:`apply`; JOURNALED, kept, while the run cannot be read;
+        MISSING, kept, when the server answers that it has no such run (the entry's problem,
+        not the server's). One read serves every check (a basic-auth server spends ~0.4 s on
+        each request)."""
+        from lifeguard.journal import SUPERSEDED, run_missing
 
         try:
             info, adopted = self._read_for(entry)
         except RestError as exc:
+            if no_such_run(exc):
+                return run_missing(journal, entry, self.tracking_uri, exc)
             return after_failed_write(journal, entry, self.tracking_uri, exc)
         if adopted:
             journal.remove(entry)
@@ -650,6 +655,13 @@ class RestStore:
                 self.tracking_uri,
                 exc,
             )
+
+
+def no_such_run(exc: RestError) -> bool:
+    """Whether the server answered, as MLflow answers it, that the run does not exist. Only
+    MLflow's own error code counts: a bare 404 may as well be a proxy or a wrong base path,
+    which is the server's failure, not the run's."""
+    return exc.code == "RESOURCE_DOES_NOT_EXIST"
 
 
 def _http_error(endpoint: str, status: int, body: bytes) -> RestError:

@@ -26,7 +26,7 @@ import os
 import re
 import sqlite3
 
-from lifeguard.journal import ALREADY_ENDED, ENDED, SUPERSEDED, after_failed_write
+from lifeguard.journal import ALREADY_ENDED, ENDED, SUPERSEDED, after_failed_write, run_missing
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -64,6 +64,10 @@ def unsupported(uri: str) -> str | None:
     if os.path.exists(path) and not os.path.isfile(path):
         return f"{path} is not a regular file"
     return None
+
+
+class _NoSuchRun(Exception):
+    """The store answered, and has no such run."""
 
 
 class SchemaError(Exception):
@@ -105,9 +109,12 @@ class SqliteStore:
         """Write ``entry`` unless the run is no longer RUNNING (ALREADY_ENDED) or was adopted
         since by another live process (SUPERSEDED: the entry is history). The entry is removed
         from the journal once the store has it, kept (JOURNALED) if the store cannot be written
-        now (locked past ``busy``, unreadable, the run not there)."""
+        now (locked past ``busy``, unreadable), kept as MISSING if the store has no such run
+        (the entry's own problem, not the store's)."""
         try:
             result = self._apply(entry)
+        except _NoSuchRun:
+            return run_missing(journal, entry, self.tracking_uri, "no such run in its runs table")
         except (sqlite3.Error, OSError) as exc:
             return after_failed_write(journal, entry, self.tracking_uri, f"sqlite3: {exc}")
         if journal is not None:
@@ -128,7 +135,7 @@ class SqliteStore:
                     "SELECT status, lifecycle_stage FROM runs WHERE run_uuid = ?", (entry.run_id,)
                 ).fetchone()
                 if row is None:
-                    raise sqlite3.DatabaseError(f"run {entry.run_id} is not in this store")
+                    raise _NoSuchRun(entry.run_id)
                 status, stage = row
                 if status != RUNNING or stage != ACTIVE:
                     db.execute("ROLLBACK")

@@ -374,12 +374,14 @@ class _MlflowStore:
     def apply_journaled(self, entry: Entry, *, journal: Journal, ended_by: str | None) -> str:
         """Write an entry the dead process journaled, as ``ended_by`` (None: as the entry
         says); SUPERSEDED if its run was adopted since; JOURNALED, kept, if the store cannot
-        say."""
-        from lifeguard.journal import SUPERSEDED, after_failed_write
+        say; MISSING, kept, if it has no such run."""
+        from lifeguard.journal import SUPERSEDED, after_failed_write, run_missing
 
         try:
             adopted = self.adopted_since(entry)
         except Exception as exc:  # noqa: BLE001 - any failure to read the store: keep it
+            if self.runs.no_such_run(exc):  # the store answered: this entry's own problem
+                return run_missing(journal, entry, self.tracking_uri, exc)
             return after_failed_write(journal, entry, self.tracking_uri, exc)
         if adopted:
             journal.remove(entry)

@@ -20,6 +20,7 @@ from lifeguard.journal import (
     FAILED,
     GONE,
     JOURNALED,
+    MISSING,
     NOT_SENT,
     SUPERSEDED,
     WAITING,
@@ -27,6 +28,7 @@ from lifeguard.journal import (
     Journal,
     after_failed_write,
     redact_uri,
+    run_missing,
 )
 from lifeguard.names import TAG_ENDED_BY
 from lifeguard.owner import TAG_PID, Owner
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
 
     from mlflow.entities import Run
 
+    from lifeguard.aside import Failures
     from lifeguard.outcome import Outcome
 
 __all__ = [
@@ -44,17 +47,22 @@ __all__ = [
     "ENDED",
     "FAILED",
     "JOURNALED",
+    "MISSING",
+    "MOVED_ASIDE",
     "NOT_SENT",
     "RUNNING",
     "SUPERSEDED",
     "WAITING",
     "bounded_http",
     "find_running_owned_by",
+    "no_such_run",
     "replay_journal",
     "terminate",
 ]
 
 RUNNING = "RUNNING"
+# Counted by replay_journal: entries that can never be written, moved out of the journal.
+MOVED_ASIDE = "moved aside"
 PAGE = 1000  # runs per search request
 EXPERIMENTS_PER_SEARCH = 100
 
@@ -137,10 +145,18 @@ def apply(client: MlflowClient, entry: Entry, *, journal: Journal | None, write_
                 _reason_tags(client, entry)
         result = ENDED if ended else ALREADY_ENDED
     except Exception as exc:  # noqa: BLE001 - any failure to reach the store means: keep it
+        if no_such_run(exc):  # the store answered: this entry's problem, not the store's
+            return run_missing(journal, entry, client.tracking_uri, _first_line(exc))
         return after_failed_write(journal, entry, client.tracking_uri, _first_line(exc))
     if journal is not None and entry.path is not None:
         journal.remove(entry)
     return result
+
+
+def no_such_run(exc: BaseException) -> bool:
+    """Whether MLflow's answer to a read or a write is that the run does not exist (its error
+    code, from any store: the SQL stores, the file store, a server over REST)."""
+    return getattr(exc, "error_code", None) == "RESOURCE_DOES_NOT_EXIST"
 
 
 # Kept back from a finalizer's time left when a write may wait on a lock: enough to journal the
@@ -201,47 +217,74 @@ def replay_journal(
     tracking_uri: str | None = None,
     budget: float | None = 30.0,
     ended_by: str = "replay",
+    failures: Failures | None = None,
 ) -> dict[str, int]:
     """Write every journaled status whose server answers. With ``tracking_uri``, only that
-    server's entries. A server that fails once is not asked again in this replay. ``ended_by``
-    names the writer in ``lifeguard.ended_by``: ``replay`` wherever the replay runs (``install()``'s
-    replayer, ``lifeguard sweep``), so that a status from the journal, with its true end time,
-    is never mistaken for an orphan the sweep ended on a guess (``sweep``).
+    server's entries. A server that fails once is not asked again in this replay; a run it does
+    not have is that entry's problem alone. ``ended_by`` names the writer in
+    ``lifeguard.ended_by``: ``replay`` wherever the replay runs (``install()``'s replayer,
+    ``lifeguard sweep``), so that a status from the journal, with its true end time, is never
+    mistaken for an orphan the sweep ended on a guess (``sweep``). An entry that can never be
+    written is moved aside once past its bound (``lifeguard.aside``; ``failures`` keeps what
+    was moved, for the caller's report).
 
     Each count is what happened, no more: ``ended``/``already ended``/``superseded`` were
-    asked of the server; ``journaled`` is a request the server failed; ``not sent`` an entry
-    whose server had already failed in this replay; ``waiting`` an entry whose writer still
-    runs here (it may still be finalizing: it writes the entry itself, or its guardian or a
-    later replay does)."""
+    asked of the server; ``missing``: the server has no such run; ``journaled`` is a request
+    the server failed; ``not sent`` an entry whose server had already failed in this replay;
+    ``waiting`` an entry whose writer still runs here (it may still be finalizing: it writes
+    the entry itself, or its guardian or a later replay does); ``moved aside``: entries that
+    can never be written, out of the journal now (counted under what their last try came to
+    too)."""
+    from lifeguard.aside import Failures, Listed
+
     counts = {
         ENDED: 0,
         ALREADY_ENDED: 0,
         JOURNALED: 0,
         FAILED: 0,
         SUPERSEDED: 0,
+        MISSING: 0,
         WAITING: 0,
         NOT_SENT: 0,
+        MOVED_ASIDE: 0,
     }
+    if failures is None:
+        failures = Failures(journal)
+    failures.load()
+    listed = Listed()
     clients: dict[str, MlflowClient] = {}
     dead: set[str] = set()
+    alive: dict[str, bool] = {}
     with bounded_http(budget):
-        for entry in journal.entries():
+        for entry in map(listed.add, journal.entries()):
             if tracking_uri is not None and entry.tracking_uri != redact_uri(tracking_uri):
                 continue
-            if _writer_alive(entry):
+            if _writer_alive(entry, alive):
                 counts[WAITING] += 1
                 continue
             uri = tracking_uri or entry.tracking_uri
             if uri in dead:
                 counts[NOT_SENT] += 1
+                why = failures.due(entry, NOT_SENT)
+                if why is not None and failures.take_aside(entry, why):
+                    counts[MOVED_ASIDE] += 1
                 continue
             client = clients.get(uri) or clients.setdefault(uri, MlflowClient(tracking_uri=uri))
             try:
                 resumed = _resumed_since(client, entry)
             except Exception as exc:  # noqa: BLE001 - the server failed a read: keep the entry
-                after_failed_write(journal, entry, entry.tracking_uri, _first_line(exc))
-                counts[JOURNALED] += 1
-                dead.add(uri)
+                if no_such_run(exc):  # it answered: this entry's problem, not the server's
+                    result = run_missing(journal, entry, entry.tracking_uri, _first_line(exc))
+                else:
+                    result = after_failed_write(
+                        journal, entry, entry.tracking_uri, _first_line(exc)
+                    )
+                    dead.add(uri)
+                counts[result] = counts.get(result, 0) + 1
+                failures.saw(entry, result, _first_line(exc))
+                why = failures.due(entry, result)
+                if why is not None and failures.take_aside(entry, why):
+                    counts[MOVED_ASIDE] += 1
                 continue
             if resumed:
                 # A later process resumed the run (a requeued job): it is alive again, and its
@@ -252,6 +295,7 @@ def replay_journal(
                     entry.run_id,
                 )
                 journal.remove(entry)
+                failures.saw(entry, SUPERSEDED)
                 counts[SUPERSEDED] += 1
                 continue
             # Held while it is written: another replay (a dying program's last gasp, a sweep)
@@ -265,9 +309,15 @@ def replay_journal(
                 result = apply(
                     client, claim.entry.written_by(ended_by), journal=journal, write_ahead=False
                 )
+                failures.saw(claim.entry, result)
+                why = failures.due(claim.entry, result)
+                if why is not None and failures.move_aside(claim.entry, why):
+                    counts[MOVED_ASIDE] += 1
             if result == JOURNALED:
                 dead.add(uri)
             counts[result] = counts.get(result, 0) + 1
+    failures.save(listed)
+    failures.say_the_rest()
     if counts[ENDED] or counts[ALREADY_ENDED] or counts[SUPERSEDED]:
         logger().info("journal replay: %s", counts)
     return counts
@@ -288,13 +338,20 @@ def _resumed_since(client: MlflowClient, entry: Entry) -> bool:
     )
 
 
-def _writer_alive(entry: Entry) -> bool:
+def _writer_alive(entry: Entry, known: dict[str, bool]) -> bool:
     """Whether the process that journaled ``entry`` verifiably still runs (``Entry.writer_alive``):
     then its entry waits. A writer that cannot be checked from here (another PID namespace or
     machine; an entry with a bare pid, from before the writer's identity was recorded, which
     names another process in every other namespace) does not hold its entry back: it is
-    replayed unless its run was adopted since (:func:`_resumed_since`)."""
-    return entry.writer_alive() is True
+    replayed unless its run was adopted since (:func:`_resumed_since`). Asked once per writer
+    (``known``): a journal of thousands of entries from a few dead processes."""
+    if entry.writer is None:
+        return False
+    key = repr(tuple(entry.writer.fields().values()))
+    alive = known.get(key)
+    if alive is None:
+        alive = known[key] = entry.writer_alive() is True
+    return alive
 
 
 def all_experiment_ids(client: MlflowClient) -> list[str]:

@@ -17,6 +17,7 @@ it, within a second; failing both, the current one.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from typing import NamedTuple
@@ -67,6 +68,12 @@ _by_stamp: dict[str, Store] = {}
 _resumed: dict[str, Store] = {}
 _lock = threading.Lock()
 _last_stamp = 0
+# Both are kept to the runs still on an active-run stack, and the latest few stamps (a run
+# being created on another thread has its stamp before it is on a stack): pruned whenever one
+# has doubled since, so that a process that starts and ends 3,000 runs keeps what its open
+# runs need, not one record per run it ever ended.
+RECENT = 16
+_prune_at = 2 * RECENT
 
 
 def note_start() -> tuple[Store, str]:
@@ -79,12 +86,38 @@ def note_start() -> tuple[Store, str]:
         _last_stamp = max(int(time.time() * 1000), _last_stamp + 1)
         stamp = str(_last_stamp)
         _by_stamp[stamp] = store
+        _maybe_prune()
     return store, stamp
 
 
 def note_resumed(run_id: str, store: Store) -> None:
     with _lock:
         _resumed.setdefault(run_id, store)
+        _maybe_prune()
+
+
+def _maybe_prune() -> None:
+    """Forget the stores of runs that are on no active-run stack any more (with ``_lock``
+    held), once either record has doubled since the last time: amortized, a few dict
+    operations per run."""
+    global _prune_at
+    if max(len(_by_stamp), len(_resumed)) < _prune_at:
+        return
+    fluent = sys.modules.get("mlflow.tracking.fluent")
+    try:
+        stacks = fluent._active_run_stack.get_all_thread_values()  # type: ignore[union-attr]
+        runs = [run for stack in stacks.values() for run in list(stack)]
+        open_runs = {run.info.run_id for run in runs}
+        open_stamps = {run.data.tags.get(TAG_HEARTBEAT) for run in runs}
+    except Exception:  # noqa: BLE001 - MLflow's internals moved: forget nothing
+        _prune_at *= 2
+        return
+    recent = set(list(_by_stamp)[-RECENT:])  # in the order given: the latest last
+    for stamp in [s for s in _by_stamp if s not in open_stamps and s not in recent]:
+        del _by_stamp[stamp]
+    for run_id in [r for r in _resumed if r not in open_runs]:
+        del _resumed[run_id]
+    _prune_at = max(2 * RECENT, 2 * len(_by_stamp), 2 * len(_resumed))
 
 
 def of_active_runs(fluent: object) -> dict[str, Store]:

@@ -63,6 +63,12 @@ class SweepReport:
         self.journal: dict[str, int] = {}
         # One line per journal file (or the journal directory) refused as not the user's own.
         self.refused: list[str] = []
+        # Entries that can never be written (lifeguard.aside): where they are, how many, the
+        # first of them, and the run ids this sweep moved there.
+        self.aside_directory = ""
+        self.aside_count = 0
+        self.aside: list[dict[str, object]] = []
+        self.moved_aside: list[str] = []
         self.seconds = 0.0
 
     def as_dict(self) -> dict[str, object]:
@@ -72,6 +78,12 @@ class SweepReport:
             "errors": self.errors,
             "journal": self.journal,
             "refused": self.refused,
+            "moved_aside": {
+                "directory": self.aside_directory,
+                "count": self.aside_count,
+                "entries": self.aside,
+                "by_this_sweep": self.moved_aside,
+            },
             "seconds": round(self.seconds, 3),
         }
 
@@ -107,12 +119,18 @@ def sweep(
     client = MlflowClient(tracking_uri=tracking_uri)
     with _bounded_retries(timeout):
         if not dry_run:
+            from lifeguard.aside import Failures
             from lifeguard.backends.mlflow.runs import replay_journal
 
             # ended_by "replay": the status is the journal's (its true end time), not an
             # orphan's ending guessed by the sweep ("sweep", below).
-            report.journal = replay_journal(journal, tracking_uri=tracking_uri, budget=timeout)
+            failures = Failures(journal)
+            report.journal = replay_journal(
+                journal, tracking_uri=tracking_uri, budget=timeout, failures=failures
+            )
             report.refused = list(journal.refused)
+            report.moved_aside = [str(moved["run_id"]) for moved in failures.moved]
+        _list_aside(report, journal)
         try:
             experiment_ids = _experiment_ids(client, experiments)
             now = int(time.time() * 1000)
@@ -161,6 +179,17 @@ def sweep(
                         report.errors[decision.run_id] = error
     report.seconds = time.monotonic() - started
     return report
+
+
+def _list_aside(report: SweepReport, journal: Journal) -> None:
+    """The entries that can never be written, moved aside by this sweep or an earlier replay
+    (``lifeguard.aside``): the user's to read, and to remove or move back."""
+    import os
+
+    from lifeguard.aside import DEAD, moved_aside
+
+    report.aside_directory = os.path.join(journal.directory, DEAD)
+    report.aside_count, report.aside = moved_aside(journal)
 
 
 def _leave_journaled(decisions: list[Decision], journal: Journal) -> None:
