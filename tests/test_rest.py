@@ -24,7 +24,6 @@ from tests.servers import (
     BasicAuthServer,
     HttpProxy,
     MlflowServer,
-    free_port,
     self_signed_cert,
 )
 
@@ -483,36 +482,6 @@ def test_a_same_origin_redirect_keeping_the_method_is_followed(
         assert ("POST", f"Bearer {TOKEN}") in [(m, h.get("Authorization")) for m, h in moved]
     finally:
         answerer.close()
-
-
-def test_proxies_from_the_environment_as_requests_reads_them(
-    server: MlflowServer, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A dead HTTP_PROXY with the server exempted by a CIDR range in NO_PROXY; then a server
-    whose name resolves only at the proxy, reached through ALL_PROXY."""
-    from lifeguard.guardian import rest
-
-    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
-        monkeypatch.delenv(name, raising=False)
-        monkeypatch.delenv(name.upper(), raising=False)
-    dead = f"http://127.0.0.1:{free_port()}"
-    monkeypatch.setenv("HTTP_PROXY", dead)
-    monkeypatch.setenv("NO_PROXY", "localhost,127.0.0.0/8")
-    assert isinstance(rest.RestStore(server.uri, rest.Budget(20)).experiment_ids(), list)
-
-    proxy = Answerer(server.port, mode="forward")
-    try:
-        monkeypatch.delenv("HTTP_PROXY")
-        monkeypatch.delenv("NO_PROXY")
-        monkeypatch.setenv("ALL_PROXY", proxy.uri)
-        assert rest.unsupported("http://mlflow.invalid:5000") is None
-        store = rest.RestStore("http://mlflow.invalid:5000", rest.Budget(20))
-        assert isinstance(store.experiment_ids(), list)
-        assert proxy.seen and proxy.seen[0][1].startswith("/api/2.0/mlflow/")
-        monkeypatch.setenv("ALL_PROXY", "socks5://127.0.0.1:1080")
-        assert "socks5 proxy" in (rest.unsupported("http://mlflow.invalid:5000") or "")
-    finally:
-        proxy.close()
 
 
 def test_twenty_simultaneous_sigkills_all_end_killed(
