@@ -18,7 +18,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from lifeguard.demo import ChildResult, run_child
-from tests.conftest import CHILD_TIMEOUT, CHILDREN, Store, child_env, wait_gone
+from tests.conftest import CHILD_TIMEOUT, CHILDREN, Store, child_env, wait_blocked, wait_gone
 from tests.servers import (
     Answerer,
     BasicAuthServer,
@@ -106,6 +106,32 @@ def test_sigkill_ended_over_rest_without_mlflow(
     assert_killed_by_watchdog(MlflowClient(server.uri), run_id, died)
     assert_no_mlflow(poison)
     assert not list((store.path.parent / "journal").glob("*.json"))  # written, so removed
+
+
+def test_an_idle_watchdog_has_not_loaded_requests(
+    store: Store, server: MlflowServer, poison: dict[str, str]
+) -> None:
+    """While the program runs, its watchdog sleeps without requests, urllib3 and ssl (~10 MiB,
+    the most of what an idle guardian would take): they are loaded when a write is due. ssl's
+    extension module in the watchdog's memory map shows the import."""
+    maps: list[str] = []
+
+    def idle_maps(ready: dict[str, object]) -> None:
+        watchdog = int(ready["watchdog"])  # type: ignore[call-overload]
+        wait_blocked(watchdog, "poll")  # in select: what the program announced is handled
+        with open(f"/proc/{watchdog}/maps") as f:
+            maps.append(f.read())
+
+    env = child_env(store, MLFLOW_TRACKING_URI=server.uri, **poison)
+    result = run_child(
+        [sys.executable, str(CHILDREN / "rest_program.py"), "--watchdog"],
+        env=env, send=(signal.SIGKILL,), timeout=CHILD_TIMEOUT, after_ready=idle_maps,
+    )  # fmt: skip
+    died = int(time.time() * 1000)
+    wait_gone(result.ready["watchdog"])  # type: ignore[arg-type]
+    assert maps and "/_ssl." not in maps[0]
+    assert_killed_by_watchdog(MlflowClient(server.uri), result.ready["run_ids"][0], died)  # type: ignore[index]
+    assert_no_mlflow(poison)
 
 
 def test_mlflow_path_when_forced(store: Store, server: MlflowServer) -> None:
