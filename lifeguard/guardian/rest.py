@@ -273,6 +273,7 @@ class RestStore:
     def _send(self, method: str, endpoint: str, body: dict[str, object]) -> bytes:
         """The body of the answer to ``method endpoint``, tried again after a failure that may
         pass, within the budget."""
+        http = self._session(endpoint)  # imports requests the first time: left is read after
         failure: RestError | None = None
         pause = PAUSE
         for attempt in range(ATTEMPTS):
@@ -285,7 +286,7 @@ class RestStore:
             if left < MIN_TIMEOUT:
                 break
             try:
-                status, text = self._exchange(method, endpoint, body, left)
+                status, text = self._exchange(http, method, endpoint, body, left)
             except _Transient as exc:
                 failure = exc
                 continue
@@ -298,25 +299,36 @@ class RestStore:
             raise failure
         raise RestError(f"{endpoint}: no time left before the deadline")
 
+    def _session(self, endpoint: str) -> requests.Session:
+        """This store's requests session, made (and requests imported) at the first request."""
+        if self._http is None:
+            try:
+                from lifeguard.guardian import bounded_http
+            except ImportError as exc:
+                raise RestError(f"{endpoint}: the REST path needs requests ({exc})") from None
+            self._http = bounded_http.session(self._url, MAX_REDIRECTS)
+        return self._http
+
     def _exchange(
-        self, method: str, endpoint: str, body: dict[str, object], seconds: float
+        self,
+        http: requests.Session,
+        method: str,
+        endpoint: str,
+        body: dict[str, object],
+        seconds: float,
     ) -> tuple[int, bytes]:
         """One request (and the redirects requests follows for it) within ``seconds``: (status,
         body). Raises :class:`RestError`, :class:`_Transient` for what may pass."""
-        try:
-            import socket
+        import socket
 
-            import requests
+        import requests
 
-            from lifeguard.guardian import bounded_http
-        except ImportError as exc:
-            raise RestError(f"{endpoint}: the REST path needs requests ({exc})") from None
-        if self._http is None:
-            self._http = bounded_http.session(self._url, MAX_REDIRECTS)
+        from lifeguard.guardian import bounded_http
+
         data = {"params": body} if method == "GET" else {"json": body}
         try:
             return bounded_http.fetch(
-                self._http,
+                http,
                 method,
                 self._url + API + endpoint,
                 seconds=seconds,
