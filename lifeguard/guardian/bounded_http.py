@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import socket
 import threading
+import warnings
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 import requests
+import urllib3
 from requests.adapters import HTTPAdapter
 
 __all__ = ["DeadlinePassed", "Refused", "fetch", "origin", "safe_origin", "session"]
@@ -92,7 +94,11 @@ def fetch(
     :class:`Refused`), any other answer's up to ``error_cap`` (the rest is dropped: its first
     bytes say enough). Raises :class:`DeadlinePassed`, :class:`Refused`, or what requests
     raises."""
-    with _Deadline(seconds) as deadline:
+    with _Deadline(seconds) as deadline, warnings.catch_warnings():
+        # Verification turned off is the user's choice (MLFLOW_TRACKING_INSECURE_TLS), which
+        # their program's client warns about: a guardian does not say it again into the
+        # program's stderr for each of its requests.
+        warnings.simplefilter("ignore", urllib3.exceptions.InsecureRequestWarning)
         try:
             response = http.request(method, url, stream=True, timeout=(seconds, seconds), **kwargs)
             try:
