@@ -7,6 +7,9 @@ path side by side.
     python scripts/bench_guardians.py --sqlite 5 10 20 # also: the mlflow path on a sqlite store
     python scripts/bench_guardians.py --n 1 --repeat 9 --paths rest --auth
                                       # also: `mlflow server --app-name basic-auth`, beside it
+    python scripts/bench_guardians.py --paths rest --baseline /tmp/lifeguard-before
+                                      # also: another version's watchdogs (a checkout of it,
+                                      # on PYTHONPATH), its rounds interleaved with these
 
 The mlflow path is forced with ``LIFEGUARD_GUARDIAN_REST=0`` in the programs' environment (the
 watchdog inherits it): that is all that differs between the two columns. ``--auth`` adds rows
@@ -18,7 +21,8 @@ check, and the watchdog's requests would queue behind the benchmark's own.
 
 "KILLED after" is from the SIGKILLs to the moment a poll (every 20 ms, one ``runs/search``)
 first sees every run KILLED; "watchdog RSS" is the peak over that time of the watchdogs' summed
-VmRSS, sampled from /proc every 10 ms, and its largest single watchdog.
+VmRSS, sampled from /proc every 10 ms, and its largest single watchdog; "idle" is the largest
+watchdog's VmRSS just before the SIGKILLs, once every watchdog sleeps in ``select``.
 """
 
 from __future__ import annotations
@@ -68,7 +72,26 @@ def rss_kib(pid: int) -> int:
     return 0
 
 
-def start_programs(n: int, env: dict[str, str]) -> list[tuple[subprocess.Popen[str], dict]]:
+def wait_idle(pid: int, timeout: float = 60.0) -> None:
+    """A watchdog is idle once it sleeps in select or poll (what it heard of the program's
+    runs is read, and whatever it does about that is done)."""
+    end = time.monotonic() + timeout
+    where = ""
+    while time.monotonic() < end:
+        try:
+            with open(f"/proc/{pid}/wchan") as f:
+                where = f.read()
+        except OSError:
+            return
+        if "select" in where or "poll" in where:
+            return
+        time.sleep(0.01)
+    raise RuntimeError(f"watchdog {pid} never went idle (wchan {where!r})")
+
+
+def start_programs(
+    n: int, env: dict[str, str], cwd: Path
+) -> list[tuple[subprocess.Popen[str], dict]]:
     ready = []
     # In waves: fifty start_run calls at once exhaust the server's connection pool (SQLAlchemy
     # QueuePool, 5 + 10) and fail. Only the deaths are meant to be simultaneous.
@@ -81,6 +104,9 @@ def start_programs(n: int, env: dict[str, str]) -> list[tuple[subprocess.Popen[s
                 env=env,
                 text=True,
                 start_new_session=True,
+                # Not the repository: `python -c` (and the watchdog's `-m`) would find its
+                # lifeguard first, before a --baseline on PYTHONPATH.
+                cwd=cwd,
             )
             for _ in range(min(WAVE, n - first))
         ]
@@ -122,10 +148,22 @@ def statuses_sqlite(path: Path, run_ids: list[str]) -> dict[str, str]:
     return dict(rows)
 
 
-def one_round(n: int, env: dict[str, str], read_statuses) -> dict[str, float]:  # type: ignore[no-untyped-def]
-    programs = start_programs(n, env)
+def one_round(n: int, env: dict[str, str], read_statuses, cwd: Path) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    programs = start_programs(n, env, cwd)
     run_ids = [info["run_id"] for _, info in programs]
     watchdogs = [int(info["watchdog"]) for _, info in programs]
+    try:
+        for pid in watchdogs:
+            wait_idle(pid)
+        time.sleep(0.2)  # a benchmark, not a test: let a watchdog that just woke settle again
+        for pid in watchdogs:
+            wait_idle(pid)
+    except BaseException:
+        for proc, _ in programs:
+            proc.kill()
+            proc.wait()
+        raise
+    idle = max(rss_kib(pid) for pid in watchdogs)
     peak = {"total": 0, "single": 0}
     stop = threading.Event()
 
@@ -167,6 +205,7 @@ def one_round(n: int, env: dict[str, str], read_statuses) -> dict[str, float]:  
         "not_killed": len(left),
         "rss_total_mib": peak["total"] / 1024,
         "rss_single_mib": peak["single"] / 1024,
+        "rss_idle_mib": idle / 1024,
     }
 
 
@@ -189,7 +228,21 @@ def main() -> int:
     parser.add_argument(
         "--auth", action="store_true", help="also against `mlflow server --app-name basic-auth`"
     )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="a directory holding another version's lifeguard package (e.g. `git archive` of a "
+        "commit): its watchdogs measured too, round for round alternating with this one's",
+    )
     args = parser.parse_args()
+    variants: list[tuple[str, dict[str, str]]] = [("", {})]
+    if args.baseline is not None:
+        if not (args.baseline / "lifeguard" / "__init__.py").exists():
+            parser.error(f"--baseline {args.baseline}: no lifeguard package there")
+        pythonpath = os.pathsep.join(
+            p for p in (str(args.baseline.resolve()), os.environ.get("PYTHONPATH", "")) if p
+        )
+        variants.append((" (baseline)", {"PYTHONPATH": pythonpath}))
 
     root = Path(tempfile.mkdtemp(prefix="bench-guardians-"))
     base = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "LIFEGUARD_"))}
@@ -216,41 +269,59 @@ def main() -> int:
                 if path not in args.paths:
                     continue
                 env = {**base, "MLFLOW_TRACKING_URI": server.uri, "LIFEGUARD_GUARDIAN_REST": force}
-                got, got_auth = [], []
-                for _ in range(rounds):
-                    got.append(one_round(n, env, lambda ids: statuses_http(server.uri, ids)))
-                    if auth_server is None:
-                        continue
-                    env_auth = {
-                        **env,
-                        "MLFLOW_TRACKING_URI": auth_server.uri,
-                        "MLFLOW_TRACKING_USERNAME": BasicAuthServer.USER,
-                        "MLFLOW_TRACKING_PASSWORD": password,
-                    }
-                    # Read from the server's own sqlite file: a poll over HTTP every 20 ms
-                    # would cost a password check each, and queue the watchdog's requests
-                    # behind the benchmark's own.
-                    db = auth_server.root / "mlflow.db"
-                    got_auth.append(
-                        one_round(n, env_auth, lambda ids, db=db: statuses_sqlite(db, ids))
-                    )
-                summary = summarize(got)
-                results.append((f"server/{path}", n, summary))
-                print(
-                    f"server {path:6} N={n:3} rounds={rounds} {summary} load {load()}", flush=True
-                )
-                if got_auth:
-                    summary = summarize(got_auth)
-                    results.append((f"basic-auth server/{path}", n, summary))
+                got: dict[str, list[dict[str, float]]] = {label: [] for label, _ in variants}
+                got_auth: dict[str, list[dict[str, float]]] = {label: [] for label, _ in variants}
+                for round_ in range(rounds):
+                    # Alternating which goes first: a load that rises or falls during a round
+                    # pair favours neither.
+                    order = variants if round_ % 2 == 0 else variants[::-1]
+                    for label, extra in order:
+                        got[label].append(
+                            one_round(
+                                n,
+                                {**env, **extra},
+                                lambda ids: statuses_http(server.uri, ids),
+                                root,
+                            )
+                        )
+                        if auth_server is None:
+                            continue
+                        env_auth = {
+                            **env,
+                            **extra,
+                            "MLFLOW_TRACKING_URI": auth_server.uri,
+                            "MLFLOW_TRACKING_USERNAME": BasicAuthServer.USER,
+                            "MLFLOW_TRACKING_PASSWORD": password,
+                        }
+                        # Read from the server's own sqlite file: a poll over HTTP every 20 ms
+                        # would cost a password check each, and queue the watchdog's requests
+                        # behind the benchmark's own.
+                        db = auth_server.root / "mlflow.db"
+                        got_auth[label].append(
+                            one_round(
+                                n, env_auth, lambda ids, db=db: statuses_sqlite(db, ids), root
+                            )
+                        )
+                for label, _ in variants:
+                    summary = summarize(got[label])
+                    results.append((f"server/{path}{label}", n, summary))
                     print(
-                        f"basic-auth {path:6} N={n:3} rounds={rounds} {summary} load {load()}",
+                        f"server {path:6}{label} N={n:3} rounds={rounds} {summary} load {load()}",
                         flush=True,
                     )
+                    if got_auth[label]:
+                        summary = summarize(got_auth[label])
+                        results.append((f"basic-auth server/{path}{label}", n, summary))
+                        print(
+                            f"basic-auth {path:6}{label} N={n:3} rounds={rounds} {summary} "
+                            f"load {load()}",
+                            flush=True,
+                        )
         for n in args.sqlite:
             db = root / f"sqlite-{n}.db"
             shutil.copy(root / "server" / "mlflow.db", db)  # migrated already
             env = {**base, "MLFLOW_TRACKING_URI": f"sqlite:///{db}"}
-            summary = one_round(n, env, lambda ids, db=db: statuses_sqlite(db, ids))
+            summary = one_round(n, env, lambda ids, db=db: statuses_sqlite(db, ids), root)
             results.append(("sqlite/mlflow", n, summary))
             print(f"sqlite mlflow N={n:3} {summary} load {load()}", flush=True)
     finally:
@@ -260,13 +331,14 @@ def main() -> int:
     print(f"\n# load average after: {load()}")
     print(
         "| store / path | N | all KILLED after (median) | not KILLED | watchdogs' peak RSS, "
-        "total | largest watchdog |"
+        "total | largest watchdog | largest idle watchdog |"
     )
-    print("|---|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for name, n, s in results:
         print(
             f"| {name} | {n} | {s['seconds']:.2f} s | {s['not_killed']:.0f} | "
-            f"{s['rss_total_mib']:.0f} MiB | {s['rss_single_mib']:.1f} MiB |"
+            f"{s['rss_total_mib']:.0f} MiB | {s['rss_single_mib']:.1f} MiB | "
+            f"{s['rss_idle_mib']:.1f} MiB |"
         )
     shutil.rmtree(root, ignore_errors=True)
     return 0

@@ -108,8 +108,11 @@ def test_a_run_read_that_fails_writes_nothing_and_the_entry_waits(
     server: MlflowServer, tmp_path: Path, spoil: str
 ) -> None:
     """The run was resumed since by a live process (this one: its owner tags, a fresh beat).
-    The replay's read of it fails once: it must not write the dead writer's KILLED over the
-    live run; the entry waits, and the next replay, which reads it, drops it as history."""
+    The replay's read of it fails (a 503 at each of the REST path's tries): it must not write
+    the dead writer's KILLED over the live run; the entry waits, and the next replay, which
+    reads it, drops it as history."""
+    from lifeguard.guardian import rest
+
     client = MlflowClient(tracking_uri=server.uri)
     run_id = client.create_run("0").info.run_id
     adopt(client, run_id, Owner.current())
@@ -118,7 +121,8 @@ def test_a_run_read_that_fails_writes_nothing_and_the_entry_waits(
         journal = tmp_path / "journal"
         entry = Entry(run_id, recorder.uri, "KILLED", 1_000, {}, writer=gone_writer())
         Journal(str(journal)).write(entry)
-        recorder.spoil, recorder.spoil_reads = spoil, 1
+        recorder.spoil = spoil
+        recorder.spoil_reads = rest.ATTEMPTS if spoil == "503" else 1
         done = replay(journal)
         assert recorder.spoil_reads == 0, "the replay never read the run"
         assert done.returncode == 1, done.stderr  # one entry left pending

@@ -18,13 +18,12 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from lifeguard.demo import ChildResult, run_child
-from tests.conftest import CHILD_TIMEOUT, CHILDREN, Store, child_env, wait_gone
+from tests.conftest import CHILD_TIMEOUT, CHILDREN, Store, child_env, wait_blocked, wait_gone
 from tests.servers import (
     Answerer,
     BasicAuthServer,
     HttpProxy,
     MlflowServer,
-    free_port,
     self_signed_cert,
 )
 
@@ -107,6 +106,32 @@ def test_sigkill_ended_over_rest_without_mlflow(
     assert_killed_by_watchdog(MlflowClient(server.uri), run_id, died)
     assert_no_mlflow(poison)
     assert not list((store.path.parent / "journal").glob("*.json"))  # written, so removed
+
+
+def test_an_idle_watchdog_has_not_loaded_requests(
+    store: Store, server: MlflowServer, poison: dict[str, str]
+) -> None:
+    """While the program runs, its watchdog sleeps without requests, urllib3 and ssl (~10 MiB,
+    the most of what an idle guardian would take): they are loaded when a write is due. ssl's
+    extension module in the watchdog's memory map shows the import."""
+    maps: list[str] = []
+
+    def idle_maps(ready: dict[str, object]) -> None:
+        watchdog = int(ready["watchdog"])  # type: ignore[call-overload]
+        wait_blocked(watchdog, "poll")  # in select: what the program announced is handled
+        with open(f"/proc/{watchdog}/maps") as f:
+            maps.append(f.read())
+
+    env = child_env(store, MLFLOW_TRACKING_URI=server.uri, **poison)
+    result = run_child(
+        [sys.executable, str(CHILDREN / "rest_program.py"), "--watchdog"],
+        env=env, send=(signal.SIGKILL,), timeout=CHILD_TIMEOUT, after_ready=idle_maps,
+    )  # fmt: skip
+    died = int(time.time() * 1000)
+    wait_gone(result.ready["watchdog"])  # type: ignore[arg-type]
+    assert maps and "/_ssl." not in maps[0]
+    assert_killed_by_watchdog(MlflowClient(server.uri), result.ready["run_ids"][0], died)  # type: ignore[index]
+    assert_no_mlflow(poison)
 
 
 def test_mlflow_path_when_forced(store: Store, server: MlflowServer) -> None:
@@ -483,36 +508,6 @@ def test_a_same_origin_redirect_keeping_the_method_is_followed(
         assert ("POST", f"Bearer {TOKEN}") in [(m, h.get("Authorization")) for m, h in moved]
     finally:
         answerer.close()
-
-
-def test_proxies_from_the_environment_as_requests_reads_them(
-    server: MlflowServer, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A dead HTTP_PROXY with the server exempted by a CIDR range in NO_PROXY; then a server
-    whose name resolves only at the proxy, reached through ALL_PROXY."""
-    from lifeguard.guardian import rest
-
-    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
-        monkeypatch.delenv(name, raising=False)
-        monkeypatch.delenv(name.upper(), raising=False)
-    dead = f"http://127.0.0.1:{free_port()}"
-    monkeypatch.setenv("HTTP_PROXY", dead)
-    monkeypatch.setenv("NO_PROXY", "localhost,127.0.0.0/8")
-    assert isinstance(rest.RestStore(server.uri, rest.Budget(20)).experiment_ids(), list)
-
-    proxy = Answerer(server.port, mode="forward")
-    try:
-        monkeypatch.delenv("HTTP_PROXY")
-        monkeypatch.delenv("NO_PROXY")
-        monkeypatch.setenv("ALL_PROXY", proxy.uri)
-        assert rest.unsupported("http://mlflow.invalid:5000") is None
-        store = rest.RestStore("http://mlflow.invalid:5000", rest.Budget(20))
-        assert isinstance(store.experiment_ids(), list)
-        assert proxy.seen and proxy.seen[0][1].startswith("/api/2.0/mlflow/")
-        monkeypatch.setenv("ALL_PROXY", "socks5://127.0.0.1:1080")
-        assert "socks5 proxy" in (rest.unsupported("http://mlflow.invalid:5000") or "")
-    finally:
-        proxy.close()
 
 
 def test_twenty_simultaneous_sigkills_all_end_killed(

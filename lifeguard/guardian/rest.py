@@ -1,4 +1,4 @@
-"""Ending runs on an ``mlflow server`` over its REST API, with the standard library only.
+"""Ending runs on an ``mlflow server`` over its REST API, without importing mlflow.
 
 The guardians (the watchdog and the supervisor) end a dead program's runs. Through mlflow that
 costs an import of about 1.5 s and 150+ MiB per guardian, which fifty simultaneous deaths turn
@@ -8,15 +8,25 @@ into a minute and gigabytes. Against an http(s) store the same work is a few sma
 ``runs/log-batch`` for the reason tags. Each request counts: MLflow's basic-auth app checks
 the password again for every one (~0.4 s with its default ``auth_cache_ttl_seconds = 0``).
 
-The requests carry what MLflow's own client would send (``mlflow.utils.rest_utils``):
+The requests go through requests, as MLflow's own client sends them
+(``mlflow.utils.rest_utils``, ``mlflow.utils.credentials``):
 
 * ``Authorization``: ``Basic`` from ``MLFLOW_TRACKING_USERNAME``/``MLFLOW_TRACKING_PASSWORD``
-  (or ``~/.mlflow/credentials``), else ``Bearer $MLFLOW_TRACKING_TOKEN``; replaced, as requests
-  does, by a ``.netrc`` entry for the host or by the user-info of the URI;
-* TLS: ``MLFLOW_TRACKING_INSECURE_TLS``, ``MLFLOW_TRACKING_SERVER_CERT_PATH``,
-  ``MLFLOW_TRACKING_CLIENT_CERT_PATH``; otherwise certifi's bundle when installed (requests'
-  default), ``REQUESTS_CA_BUNDLE``/``CURL_CA_BUNDLE`` as requests reads them;
-* ``X-MLFLOW-WORKSPACE`` from ``MLFLOW_WORKSPACE``; proxies from the environment.
+  (each from the environment, else from ``~/.mlflow/credentials``), else ``Bearer
+  $MLFLOW_TRACKING_TOKEN``; requests itself puts a ``.netrc`` entry for the host in its place,
+  else the URI's user-info;
+* ``verify``: ``MLFLOW_TRACKING_SERVER_CERT_PATH``, else off with
+  ``MLFLOW_TRACKING_INSECURE_TLS``, else requests' own (``REQUESTS_CA_BUNDLE``,
+  ``CURL_CA_BUNDLE``, certifi); ``cert``: ``MLFLOW_TRACKING_CLIENT_CERT_PATH``;
+* ``X-MLFLOW-WORKSPACE`` from ``MLFLOW_WORKSPACE``; proxies and ``NO_PROXY`` as requests reads
+  them; redirects followed unless ``MLFLOW_ALLOW_HTTP_REDIRECTS`` says no, within the server's
+  origin only (``bounded_http``).
+
+Not as MLflow's client: its retries (7, over up to 120 s). Here every request, redirects and
+retries included, ends by what is left of the guardian's deadline, and one that failed in a way
+that may pass (the connection refused or dropped, HTTP 408, 429, 500, 502, 503, 504) is tried
+twice more at most, within it. requests is imported at the first request, never by an idle
+guardian.
 
 What it cannot reproduce, it does not try (:func:`unsupported` says why, and the caller takes the
 mlflow path): a ``mlflow.request_header_provider`` or ``mlflow.request_auth_provider`` plug-in,
@@ -26,12 +36,11 @@ http(s), and ``LIFEGUARD_GUARDIAN_REST=0`` (which forces the mlflow path, for co
 The guarantees are those of ``lifeguard.backends.mlflow.runs``: every request is bounded by what
 is left of the guardian's deadline; a status is journaled ahead of its write and stays in the
 journal when the write fails; a run that is no longer RUNNING is never written. Credentials live
-only in the request headers: never in an error text, a log line or the journal.
+only in the requests: never in an error text, a log line or the journal.
 """
 
 from __future__ import annotations
 
-import io  # loaded by every interpreter at start-up: free
 import os
 import time
 
@@ -43,9 +52,9 @@ from lifeguard.names import TAG_ENDED_BY
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    import socket
-    import ssl
     from collections.abc import Iterator
+
+    import requests
 
     from lifeguard.journal import Entry, Journal
     from lifeguard.outcome import Outcome
@@ -70,14 +79,19 @@ PLUGIN_GROUPS = ("mlflow.request_header_provider", "mlflow.request_auth_provider
 # The smallest timeout worth trying a request with: less fails on a loaded machine anyway.
 MIN_TIMEOUT = 0.2
 # MLflow's answers here are small (a runs/search page of 1000 runs with their tags is a few
-# MiB): more is not MLflow talking, and reading it would grow an idle guardian without bound.
+# MiB): more is not MLflow talking, and reading it would grow a guardian without bound.
 MAX_ANSWER = 8 << 20
-# An error or a redirect is read only for its error_code and message.
+# An error is read only for its error_code and message.
 MAX_ERROR_ANSWER = 64 << 10
-CHUNK = 64 << 10
 # requests follows 30; a server that needs more than a few is misconfigured.
 MAX_REDIRECTS = 5
-REDIRECTS = (301, 302, 303, 307, 308)
+# Tries of one request, and the pause before the second (doubled before the third). MLflow's
+# client retries the same answers 7 times over up to 2 minutes; a guardian has seconds, and a
+# status it cannot write now is journaled and written later.
+ATTEMPTS = 3
+PAUSE = 0.1
+# MLflow's own (mlflow.utils.request_utils._TRANSIENT_FAILURE_RESPONSE_CODES).
+TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 
 
 class RestError(Exception):
@@ -87,6 +101,10 @@ class RestError(Exception):
         super().__init__(message)
         self.status = status
         self.code = code
+
+
+class _Transient(RestError):
+    """A failure that may pass: worth another try while the deadline allows."""
 
 
 _plugins: str | None = None
@@ -149,25 +167,14 @@ def unsupported(uri: str) -> str | None:
     plugins = _plugin_reason()
     if plugins:
         return f"MLflow request plug-ins are installed ({plugins})"
-    proxy = _proxy_for(uri)
-    if proxy is not None and not proxy.lower().startswith("http://"):
-        return f"a {proxy.partition('://')[0]} proxy needs MLflow's client"
     return None
 
 
 def warm() -> None:
-    """Do the REST path's one-off work now (imports, the plug-in lookup), while the program
-    still runs: a guardian calls this when it first hears of an http(s) store, so that the
-    moment of death costs only the requests."""
-    import http.client  # noqa: F401
-    import json  # noqa: F401
-    import ssl  # noqa: F401
-    import urllib.parse
-    import urllib.request  # noqa: F401
-
-    import lifeguard.journal
-    import lifeguard.outcome  # noqa: F401
-
+    """Do the REST path's one-off work that costs no memory now (the plug-in lookup), while the
+    program still runs: a guardian calls this when it first hears of an http(s) store. requests
+    (~10 MiB with urllib3 and ssl) waits for the first request: a guardian idles for the whole
+    training run."""
     _plugin_reason()
 
 
@@ -181,22 +188,9 @@ class Budget:
         return self.end - time.monotonic()
 
 
-def _split_userinfo(uri: str) -> tuple[str, str | None, str | None]:
-    """``scheme://user:pw@host/p`` -> (``scheme://host/p``, user, pw), decoded."""
-    from urllib.parse import unquote
-
-    scheme, _, rest = uri.partition("://")
-    authority, slash, path = rest.partition("/")
-    user = password = None
-    if "@" in authority:
-        userinfo, authority = authority.rsplit("@", 1)
-        name, colon, secret = userinfo.partition(":")
-        user, password = unquote(name), (unquote(secret) if colon else None)
-    return f"{scheme}://{authority}{slash}{path}", user, password
-
-
 def _mlflow_credentials() -> tuple[str | None, str | None]:
-    """Username and password as MLflow reads them: the environment, then ~/.mlflow/credentials."""
+    """Username and password as MLflow reads them (``mlflow.utils.credentials``): each from the
+    environment, else from ~/.mlflow/credentials."""
     user = os.environ.get("MLFLOW_TRACKING_USERNAME") or None
     password = os.environ.get("MLFLOW_TRACKING_PASSWORD") or None
     if user and password:
@@ -217,29 +211,10 @@ def _mlflow_credentials() -> tuple[str | None, str | None]:
     return user, password
 
 
-def _netrc_login(host: str) -> tuple[str, str] | None:
-    """requests' ``get_netrc_auth``: $NETRC, else ~/.netrc or ~/_netrc."""
-    candidates = [os.environ["NETRC"]] if os.environ.get("NETRC") else ["~/.netrc", "~/_netrc"]
-    for candidate in candidates:
-        path = os.path.expanduser(candidate)
-        if not os.path.exists(path):
-            continue
-        import netrc
-
-        try:
-            found = netrc.netrc(path).authenticators(host)
-        except (OSError, netrc.NetrcParseError):
-            return None
-        if found:
-            return found[0] or "", found[2] or ""
-        return None
-    return None
-
-
 def _basic(user: str, password: str) -> str:
     import base64
 
-    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
+    return "Basic " + base64.standard_b64encode(f"{user}:{password}".encode()).decode("ascii")
 
 
 class RestStore:
@@ -248,7 +223,7 @@ class RestStore:
     that names the same server."""
 
     def __init__(self, uri: str, budget: Budget) -> None:
-        from lifeguard.redact import redact_uri
+        from lifeguard.redact import redact_uri, remember_uri
 
         self.tracking_uri = redact_uri(uri)
         self.budget = budget
@@ -257,73 +232,37 @@ class RestStore:
         stripped = "@" not in uri.partition("://")[2].partition("/")[0]
         if stripped and env_uri and redact_uri(env_uri) == self.tracking_uri:
             full = env_uri
-        base, url_user, url_password = _split_userinfo(full)
-        self.base = base.rstrip("/")
-        self._headers = {"Content-Type": "application/json", "User-Agent": "lifeguard-guardian"}
+        remember_uri(full)  # its password is masked in every error text and log line
+        # With its user-info, as MLflow's client passes it to requests (which uses it when no
+        # .netrc entry names the host).
+        self._url = full.rstrip("/")
+        # mlflow.utils.rest_utils.http_request: Basic, else Bearer.
+        self._headers = {"User-Agent": "lifeguard-guardian"}
         user, password = _mlflow_credentials()
         token = os.environ.get("MLFLOW_TRACKING_TOKEN")
         if user and password:
             self._headers["Authorization"] = _basic(user, password)
         elif token:
             self._headers["Authorization"] = f"Bearer {token}"
-        # requests (under MLflow's client) lets a .netrc entry, else the URI's user-info,
-        # replace that header.
-        from urllib.parse import urlsplit
-
-        host = urlsplit(self.base).hostname or ""
-        login = _netrc_login(host)
-        if login is not None:
-            self._headers["Authorization"] = _basic(*login)
-        elif url_user is not None or url_password is not None:
-            self._headers["Authorization"] = _basic(url_user or "", url_password or "")
         workspace = os.environ.get("MLFLOW_WORKSPACE", "").strip()
         if workspace:
             self._headers["X-MLFLOW-WORKSPACE"] = workspace
-        self.origin = _origin(self.base)
-        self._ctx: ssl.SSLContext | None = None
-
-    def _ssl_context(self) -> ssl.SSLContext:
-        import ssl
-
-        if self._ctx is None:
-            ctx = ssl.create_default_context(cafile=self._ca_file())
-            if _truthy("MLFLOW_TRACKING_INSECURE_TLS"):
-                ctx.check_hostname = False
-                ctx.verify_mode = ssl.CERT_NONE
-            client_cert = os.environ.get("MLFLOW_TRACKING_CLIENT_CERT_PATH")
-            if client_cert:
-                ctx.load_cert_chain(client_cert)
-            self._ctx = ctx
-        return self._ctx
-
-    @staticmethod
-    def _ca_file() -> str | None:
-        explicit = os.environ.get("MLFLOW_TRACKING_SERVER_CERT_PATH")
-        if explicit:
-            return explicit
-        bundle = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE")
-        if bundle:
-            return bundle
-        try:
-            import certifi  # requests' trust store, a path and nothing more
-        except ImportError:
-            return None
-        return str(certifi.where())
+        # MlflowHostCreds.verify: the server's CA if named, else verification unless turned
+        # off; True lets requests take REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE.
+        server_cert = os.environ.get("MLFLOW_TRACKING_SERVER_CERT_PATH") or None
+        self._verify: bool | str = server_cert or not _truthy("MLFLOW_TRACKING_INSECURE_TLS")
+        self._cert = os.environ.get("MLFLOW_TRACKING_CLIENT_CERT_PATH") or None
+        redirects = os.environ.get("MLFLOW_ALLOW_HTTP_REDIRECTS", "true").strip().lower()
+        self._redirects = redirects in ("true", "1")
+        self._http: requests.Session | None = None
 
     # -- requests ----------------------------------------------------------------------------
 
     def call(self, method: str, endpoint: str, body: dict[str, object]) -> dict[str, object]:
         """One request, bounded by what is left of the budget; the parsed JSON answer."""
         import json
-        import urllib.parse
 
-        url = self.base + API + endpoint
-        data = None
-        if method == "GET":
-            url += "?" + urllib.parse.urlencode(body)
-        else:
-            data = json.dumps(body).encode()
-        text = self._send(method, endpoint, url, data)
+        text = self._send(method, endpoint, body)
         try:
             answer = json.loads(text or b"{}")
         except ValueError:
@@ -332,119 +271,97 @@ class RestStore:
             raise RestError(f"{endpoint}: unexpected answer")
         return answer
 
-    def _send(self, method: str, endpoint: str, url: str, data: bytes | None) -> bytes:
-        """The body of the answer to ``method url``, following same-origin redirects as
-        requests does. Every step (connect, send, each read) is bounded by the budget, and the
-        answer by :data:`MAX_ANSWER` bytes."""
-        import http.client
-        from urllib.parse import urljoin
-
-        for _ in range(MAX_REDIRECTS + 1):
-            if self.budget.left() < MIN_TIMEOUT:
-                raise RestError(f"{endpoint}: no time left before the deadline")
-            if _origin(url) != self.origin:
-                # requests would drop the credentials and go on; a stranger's answer to an
-                # MLflow request (a login page's `{}` reads as "no runs") is not the truth
-                # about these runs, so it is a failure, and the credentials never leave.
-                raise RestError(
-                    f"{endpoint}: redirected to another origin ({_safe_origin(url)}); not followed"
-                )
-            try:
-                status, location, text = self._once(method, url, data)
-            except RestError as exc:
-                raise RestError(f"{endpoint}: {exc}") from None
-            except (http.client.HTTPException, OSError, ValueError) as exc:
-                raise RestError(f"{endpoint}: {type(exc).__name__}: {exc}") from None
-            if status in REDIRECTS:
-                if not location:
-                    raise RestError(f"{endpoint}: HTTP {status} without a Location")
-                url = urljoin(url, location)
-                # requests: 303 turns into GET, and so do 301/302 of a POST (as browsers do);
-                # 307 and 308 keep the method and the body.
-                if (status == 303 and method != "HEAD") or (
-                    status in (301, 302) and method == "POST"
-                ):
-                    method, data = "GET", None
-                continue
-            if status >= 300:
-                raise _http_error(endpoint, status, text)
-            return text
-        raise RestError(f"{endpoint}: more than {MAX_REDIRECTS} redirects")
-
-    def _once(self, method: str, url: str, data: bytes | None) -> tuple[int, str | None, bytes]:
-        """One exchange, no redirect followed: (status, Location, body)."""
-        import http.client
-        from urllib.parse import urlsplit
-
-        parts = urlsplit(url)
-        https = parts.scheme.lower() == "https"
-        host = parts.hostname or ""
-        port = parts.port or (443 if https else 80)
-        target = parts.path or "/"
-        if parts.query:
-            target += "?" + parts.query
-        headers = {**self._headers, "Connection": "close"}
-        proxy = _proxy_for(url)
-        left = self.budget.left()
-        conn: http.client.HTTPConnection
-        if proxy is None:
-            if https:
-                conn = http.client.HTTPSConnection(
-                    host, port, timeout=left, context=self._ssl_context()
-                )
-            else:
-                conn = http.client.HTTPConnection(host, port, timeout=left)
-        else:
-            proxy_parts = urlsplit(proxy)
-            proxy_host = proxy_parts.hostname or ""
-            proxy_port = proxy_parts.port or 80
-            proxy_headers = {}
-            if proxy_parts.username is not None:
-                from urllib.parse import unquote
-
-                proxy_headers["Proxy-Authorization"] = _basic(
-                    unquote(proxy_parts.username), unquote(proxy_parts.password or "")
-                )
-            if https:
-                conn = http.client.HTTPSConnection(
-                    proxy_host, proxy_port, timeout=left, context=self._ssl_context()
-                )
-                conn.set_tunnel(host, port, headers=proxy_headers)
-            else:
-                conn = http.client.HTTPConnection(proxy_host, proxy_port, timeout=left)
-                target = url  # absolute-form, to a forward proxy
-                headers.update(proxy_headers)
-        sock = None
-        try:
-            conn.connect()
-            sock = conn.sock
-            conn.sock = _DeadlineSocket(sock, self.budget)
-            conn.request(method, target, body=data, headers=headers)
-            response = conn.getresponse()
-            status = response.status
-            cap = MAX_ANSWER if status < 300 else MAX_ERROR_ANSWER
-            length = response.getheader("Content-Length")
-            if length is not None and length.strip().isdigit() and int(length) > cap:
-                if status >= 300:
-                    return status, response.getheader("Location"), b""
-                raise RestError(f"the answer is larger than {cap} bytes")
-            chunks: list[bytes] = []
-            size = 0
-            while True:
-                chunk = response.read(CHUNK)
-                if not chunk:
+    def _send(self, method: str, endpoint: str, body: dict[str, object]) -> bytes:
+        """The body of the answer to ``method endpoint``, tried again after a failure that may
+        pass, within the budget."""
+        http = self._session(endpoint)  # imports requests the first time: left is read after
+        failure: RestError | None = None
+        pause = PAUSE
+        for attempt in range(ATTEMPTS):
+            if attempt:
+                if self.budget.left() - pause < MIN_TIMEOUT:
                     break
-                size += len(chunk)
-                if size > cap:
-                    if status >= 300:
-                        break  # an error or a redirect: its first bytes say enough
-                    raise RestError(f"the answer is larger than {cap} bytes")
-                chunks.append(chunk)
-            return status, response.getheader("Location"), b"".join(chunks)
-        finally:
-            conn.close()
-            if sock is not None:
-                sock.close()
+                time.sleep(pause)
+                pause *= 2
+            left = self.budget.left()
+            if left < MIN_TIMEOUT:
+                break
+            try:
+                status, text = self._exchange(http, method, endpoint, body, left)
+            except _Transient as exc:
+                failure = exc
+                continue
+            if status < 300:
+                return text
+            failure = _http_error(endpoint, status, text)
+            if status not in TRANSIENT_STATUSES:
+                raise failure
+        if failure is not None:
+            raise failure
+        raise RestError(f"{endpoint}: no time left before the deadline")
+
+    def _session(self, endpoint: str) -> requests.Session:
+        """This store's requests session, made (and requests imported) at the first request."""
+        if self._http is None:
+            try:
+                from lifeguard.guardian import bounded_http
+            except ImportError as exc:
+                raise RestError(f"{endpoint}: the REST path needs requests ({exc})") from None
+            self._http = bounded_http.session(self._url, MAX_REDIRECTS)
+        return self._http
+
+    def _exchange(
+        self,
+        http: requests.Session,
+        method: str,
+        endpoint: str,
+        body: dict[str, object],
+        seconds: float,
+    ) -> tuple[int, bytes]:
+        """One request (and the redirects requests follows for it) within ``seconds``: (status,
+        body). Raises :class:`RestError`, :class:`_Transient` for what may pass."""
+        import socket
+
+        import requests
+
+        from lifeguard.guardian import bounded_http
+
+        data = {"params": body} if method == "GET" else {"json": body}
+        try:
+            return bounded_http.fetch(
+                http,
+                method,
+                self._url + API + endpoint,
+                seconds=seconds,
+                cap=MAX_ANSWER,
+                error_cap=MAX_ERROR_ANSWER,
+                headers=self._headers,
+                verify=self._verify,
+                cert=self._cert,
+                allow_redirects=self._redirects,
+                **data,
+            )
+        except (bounded_http.DeadlinePassed, bounded_http.Refused) as exc:
+            raise RestError(f"{endpoint}: {exc}") from None
+        except requests.TooManyRedirects:
+            raise RestError(f"{endpoint}: more than {MAX_REDIRECTS} redirects") from None
+        except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError) as exc:
+            inner = _innermost(exc)
+            why = _describe(inner)
+            if isinstance(exc, requests.exceptions.ProxyError):
+                why = f"the proxy: {why}"
+            # Refused, reset, dropped (a pooled connection the server closed), a name not
+            # resolved, an answer cut short: may pass. A certificate refused, a proxy that
+            # wants other credentials or a timeout (which took what was left) will not.
+            if isinstance(exc, requests.exceptions.ChunkedEncodingError) or (
+                isinstance(inner, (ConnectionError, socket.gaierror))
+                and not isinstance(exc, (requests.exceptions.SSLError, requests.Timeout))
+            ):
+                raise _Transient(f"{endpoint}: {why}") from None
+            raise RestError(f"{endpoint}: {why}") from None
+        except (requests.RequestException, OSError, ValueError) as exc:
+            # A certificate file missing, a malformed URL or proxy...
+            raise RestError(f"{endpoint}: {_describe(_innermost(exc))}") from None
 
     def status(self, run_id: str) -> str:
         return str(self._info(run_id)["status"])
@@ -684,129 +601,28 @@ def _http_error(endpoint: str, status: int, body: bytes) -> RestError:
     return RestError(text, status=status, code=code if isinstance(code, str) else None)
 
 
-def _origin(url: str) -> tuple[str, str, int]:
-    """(scheme, host, port) of ``url``: where credentials may go."""
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower()
-    try:
-        port = parts.port
-    except ValueError:
-        port = -1
-    return scheme, (parts.hostname or "").lower(), port or (443 if scheme == "https" else 80)
-
-
-def _safe_origin(url: str) -> str:
-    """``scheme://host:port`` of ``url``, for a message: no user-info, path or query."""
-    scheme, host, port = _origin(url)
-    return f"{scheme}://{host}:{port}"
+def _innermost(exc: BaseException) -> BaseException:
+    """What made a request fail: requests wraps urllib3's error, which wraps the socket's or
+    the TLS layer's, and the innermost says what happened."""
+    inner = exc
+    for _ in range(10):
+        reason = getattr(inner, "reason", None)
+        nested = [arg for arg in inner.args if isinstance(arg, BaseException)]
+        deeper = reason if isinstance(reason, BaseException) else None
+        deeper = deeper or (nested[0] if nested else None) or inner.__cause__
+        if deeper is None or deeper is inner:
+            break
+        inner = deeper
+    return inner
 
 
-def _proxy_for(url: str) -> str | None:
-    """The proxy requests (under MLflow's client) would use for ``url`` from the environment:
-    ``<scheme>_proxy``, else ``all_proxy``, unless ``no_proxy`` exempts the host (requests'
-    ``should_bypass_proxies``: CIDR ranges for IPv4 addresses, suffixes with or without the
-    port for names, then urllib's ``proxy_bypass``)."""
-    import urllib.request
-    from urllib.parse import urlsplit
+def _describe(error: BaseException) -> str:
+    """``error`` in one line without a credential
+    (``ConnectionRefusedError: [Errno 111] Connection refused``)."""
+    from lifeguard.redact import redact
 
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    no_proxy = os.environ.get("no_proxy") or os.environ.get("NO_PROXY")
-    if no_proxy:
-        entries = [e for e in no_proxy.replace(" ", "").split(",") if e]
-        if _is_ipv4(host):
-            for entry in entries:
-                if "/" in entry:
-                    if _in_network(host, entry):
-                        return None
-                elif host == entry:
-                    return None
-        else:
-            with_port = f"{host}:{parts.port}" if parts.port else host
-            for entry in entries:
-                if host.endswith(entry) or with_port.endswith(entry):
-                    return None
-    proxies = urllib.request.getproxies_environment()
-    if host and urllib.request.proxy_bypass_environment(host, proxies):  # type: ignore[attr-defined]
-        return None
-    proxy = proxies.get(parts.scheme.lower()) or proxies.get("all")
-    if not proxy:
-        return None
-    return proxy if "://" in proxy else "http://" + proxy
-
-
-def _is_ipv4(host: str) -> bool:
-    import socket
-
-    try:
-        socket.inet_aton(host)
-    except OSError:
-        return False
-    return True
-
-
-def _in_network(address: str, cidr: str) -> bool:
-    """requests' ``is_valid_cidr`` and ``address_in_network``: an IPv4 ``a.b.c.d/n``, 1<=n<=32."""
-    import ipaddress
-
-    try:
-        network = ipaddress.IPv4Network(cidr, strict=False)
-        if not 1 <= network.prefixlen <= 32 or cidr.count("/") != 1:
-            return False
-        return ipaddress.IPv4Address(address) in network
-    except ValueError:
-        return False
-
-
-class _DeadlineSocket:
-    """A connected socket whose every send and read is bounded by what is left of the budget:
-    a per-call timeout alone lets a server that drips a byte at a time hold a request
-    forever."""
-
-    def __init__(self, sock: socket.socket, budget: Budget) -> None:
-        self.sock = sock
-        self.budget = budget
-
-    def _arm(self) -> None:
-        left = self.budget.left()
-        if left <= 0:
-            raise TimeoutError("the deadline passed during the request")
-        self.sock.settimeout(left)
-
-    def sendall(self, data: bytes) -> None:
-        self._arm()
-        self.sock.sendall(data)  # one timeout for all of it (Python >= 3.5)
-
-    def recv_into(self, buffer: memoryview) -> int:
-        self._arm()
-        return self.sock.recv_into(buffer)
-
-    def makefile(self, mode: str = "rb", *args: object, **kwargs: object) -> io.BufferedReader:
-        return io.BufferedReader(_DeadlineReader(self))
-
-    def close(self) -> None:
-        # http.client closes its socket once an answer that ends with the connection is under
-        # way, and reads the rest through makefile()'s reader: the caller closes ``sock``.
-        pass
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self.sock, name)
-
-
-class _DeadlineReader(io.RawIOBase):
-    """What http.client reads the answer from, one bounded ``recv_into`` at a time."""
-
-    def __init__(self, sock: _DeadlineSocket) -> None:
-        super().__init__()
-        self.sock = sock
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
-        return self.sock.recv_into(memoryview(buffer).cast("B"))
+    text = " ".join(str(error).split())[:300]
+    return redact(f"{type(error).__name__}: {text}" if text else type(error).__name__)
 
 
 def _list(value: object) -> list[dict[str, object]]:

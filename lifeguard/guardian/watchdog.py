@@ -4,9 +4,9 @@
 polling: the read end of the channel pipe (EOF when every writer is gone) and a pidfd of the
 program (readable the moment it exits, even if forked children still hold the pipe). Idle it
 uses no CPU and only an interpreter's memory. Against an http(s) store it ends runs over
-MLflow's REST API with the standard library (``rest``) and never imports mlflow; for other
-stores, or where MLflow's client would add what REST cannot (plug-ins), mlflow is imported only
-if there is work.
+MLflow's REST API through requests, as MLflow's client sends them (``rest``), and never imports
+mlflow; for other stores, or where MLflow's client would add what REST cannot (plug-ins), mlflow
+is imported only if there is work.
 
 When the program dies: if it said ``done``, or never started a run, the watchdog just exits.
 Otherwise it ends the program's RUNNING runs, found by their owner tags, with the status the
