@@ -7,16 +7,17 @@ uvloop each take it for their loop, uvloop through a function it bound when it w
 of anyone's reach. So lifeguard leaves it alone.
 
 Instead, for each signal it must hear, faulthandler's user-signal handler (C, safe in a signal
-handler) stands in front of CPython's: at delivery it writes the traceback of the thread the
-signal interrupted to that signal's own pipe, then calls CPython's handler (``chain=True``),
-which trips the Python-level handler and writes the program's wakeup fd exactly as without
-lifeguard. Only the arrival of that text counts; the listener reads it and throws it away.
+handler) stands in front of CPython's: at delivery it writes the Python threads' tracebacks to
+that signal's own pipe, then calls CPython's handler (``chain=True``), which trips the
+Python-level handler and writes the program's wakeup fd exactly as without lifeguard. Only the
+arrival of that text counts; the listener reads it and throws it away. Every thread's, not only
+the interrupted one's: that one writes nothing when Python does not know it, and the kernel
+hands a signal sent to the process to any thread when the main thread blocks it (at the start
+of ``os.system``, or for good in a program stuck in a C call that blocked it): a C library's.
 
 The signal module keeps the two in step: a signal is heard only while lifeguard's handler is the
 one in place, so what is in a pipe came while it was lifeguard's signal, however late the
-listener reads it. A signal delivered to a thread Python does not know (a C library's own) writes
-nothing: the kernel gives a signal sent to the process to its main thread unless that thread
-blocks it, and the Python-level handler still runs there.
+listener reads it.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ class Ears:
                 # since (signal.signal: CPython's again) has replaced faulthandler's. Unregister
                 # puts back the CPython handler found at registration, the same one.
                 faulthandler.unregister(signum)
-            faulthandler.register(signum, file=ends[1], all_threads=False, chain=True)
+            faulthandler.register(signum, file=ends[1], all_threads=True, chain=True)
             self.heard.add(signum)
 
     def deafen(self, signum: int) -> None:
