@@ -1,19 +1,22 @@
 """How a signal becomes a status: one path, from delivery to death.
 
 1. ``install()`` gives each hooked signal a Python-level handler (so that CPython's C-level
-   handler catches it) and points the wakeup fd at a pipe that one *listener* thread reads.
-2. At delivery, CPython's C handler writes the signal's number into that pipe, whatever the main
-   thread is doing: running Python, stuck in a C call, or interrupted in the middle of a store
-   write while holding sqlite's lock, an import lock or stdout's lock.
+   handler catches it) and, in front of that C handler, faulthandler's, which writes to a pipe
+   of that signal's that one *listener* thread reads (``lifeguard.ears``). The wakeup fd stays
+   the program's: asyncio, trio and uvloop take it for their loops, whenever they like.
+2. At delivery, that pipe gets written, whatever the main thread is doing: running Python, stuck
+   in a C call, or interrupted in the middle of a store write while holding sqlite's lock, an
+   import lock or stdout's lock. Only while lifeguard's handler is the one in place: a signal is
+   lifeguard's if it came then, however late the listener reads it.
 3. The listener, not the main thread, decides. For a signal lifeguard took over (its previous
-   action was the default one, and lifeguard's handler is still the installed one) it starts the
-   *ender* thread. The main thread is never frozen at the instant of delivery: it runs on,
-   finishes the write it was in and releases its locks. It is parked the next time it calls
-   into a tracking library, so it cannot log to a run that is being ended or open a new one.
+   action was the default one) it starts the *ender* thread. The main thread is never frozen at
+   the instant of delivery: it runs on, finishes the write it was in and releases its locks. It
+   is parked the next time it calls into a tracking library, so it cannot log to a run that is
+   being ended or open a new one.
 4. The ender first journals every run's final status (the finalizers' prepare(): memory and
-   local disk only), then lets the main thread finish the tracker call it was in (bounded), then
-   runs the finalizers (the lifecycle, bounded by the deadline), then ends the process by the
-   same signal's default action.
+   local disk only), then lets the main thread finish the tracker call it was in (bounded; only
+   with a run to end), then runs the finalizers (the lifecycle, bounded by the deadline), then
+   ends the process by the same signal's default action.
 5. A repeat of the same signal within ``REPEAT_WINDOW`` is the same stop (Slurm sends two
    SIGTERMs a few ms apart); a later repeat, or another signal, means "now": the listener ends
    the process at once, and the statuses land afterwards from the journal or the watchdog.
@@ -25,9 +28,10 @@ without lifeguard (see ``_chain``). Python's own ``default_int_handler`` is not 
 Ctrl-C raises KeyboardInterrupt exactly as without lifeguard (asyncio.run, a REPL and a Jupyter
 kernel look for that handler), and the hooks see it only if it ends the program
 (``lifeguard.ending``); lifeguard's handler stands in for it only while finalizing (``guard``).
-An ignored signal is not hooked at all. A signal a library hands back to its default action
-(asyncio's loop, closing) is lifeguard's again, and the wakeup fd the program sets is its own
-view: the listener keeps the interpreter's (``_wrap_dispositions``).
+An ignored signal is not hooked at all. A handler the program sets is obeyed, and the listener
+is deaf to that signal until lifeguard's is back (trio's ``open_signal_receiver`` puts it back on
+its way out); one a library hands back to its default action (asyncio's loop, closing) is
+lifeguard's again (``_wrap_dispositions``).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import sys
 import time
 
 from lifeguard._threads import remember_the_programs_mask, take_no_signals
+from lifeguard.ears import Ears
 from lifeguard.names import PACKAGES
 
 TYPE_CHECKING = False
@@ -51,6 +56,9 @@ if TYPE_CHECKING:
 
     Handler = Callable[[int, FrameType | None], object] | int | None
 
+    class Work(Protocol):
+        def has_work(self) -> bool: ...
+
     class Finalization(Protocol):
         """What the signal path needs of the process's lifecycle (``lifeguard.lifecycle``
         implements it): its phase, and the one finalization that every ending goes through."""
@@ -61,6 +69,8 @@ if TYPE_CHECKING:
 
         @property
         def deadline(self) -> float: ...
+        @property
+        def registry(self) -> Work: ...
         def owns_process(self) -> bool: ...
         def is_installed(self) -> bool: ...
         def is_finalizing(self) -> bool: ...
@@ -78,10 +88,9 @@ else:
 
 __all__ = ["REPEAT_WINDOW", "SignalWatch", "die", "die_by_signal", "die_from_any_thread"]
 
-# The interpreter's own functions, before a SignalWatch wraps them (see _wrap_dispositions): every
-# call of lifeguard's goes to these.
+# The interpreter's own function, before a SignalWatch wraps it (see _wrap_dispositions): every
+# call of lifeguard's goes to this one.
 _set_handler = _signal.signal
-_set_wakeup_fd = _signal.set_wakeup_fd
 
 # Two deliveries of the same signal closer than this are one stop, not an escalation. slurmd
 # sends each srun task two SIGTERMs 3-9 ms apart on a time limit or a preemption; a person's
@@ -94,6 +103,7 @@ def die_by_signal(signum: int) -> None:
     try:
         _last_gasp()
         if signum != _signal.SIGKILL:  # SIGKILL's disposition is always the default
+            _deafen(signum)
             try:
                 _set_handler(signum, _signal.SIG_DFL)
             except ValueError:  # not the main thread after all: die the other way
@@ -117,6 +127,7 @@ def die_from_any_thread(signum: int) -> None:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
         libc.signal.restype = ctypes.c_void_p
+        _deafen(signum)
         libc.signal(signum, None)  # SIG_DFL is the null handler
         # To the process, not this thread (which blocks every signal): the kernel picks a
         # thread that does not, and the default action ends them all.
@@ -126,6 +137,18 @@ def die_from_any_thread(signum: int) -> None:
         time.sleep(1.0)
     finally:
         os._exit(128 + signum)
+
+
+def _deafen(signum: int) -> None:
+    """Before the default action is set: faulthandler's handler, in front of CPython's while
+    lifeguard hears the signal (``lifeguard.ears``), must not be put back over it by a delivery
+    it is chaining in another thread."""
+    faulthandler = sys.modules.get("faulthandler")
+    if faulthandler is not None:
+        try:
+            faulthandler.unregister(signum)
+        except (RuntimeError, ValueError):  # not a signal faulthandler may register
+            pass
 
 
 def _last_gasp() -> None:
@@ -219,8 +242,23 @@ def _is_tracker(module: object) -> bool:
     return any(module == name or module.startswith(name + ".") for name in PACKAGES)
 
 
+def _inside_a_tracker(frame: FrameType | None) -> bool:
+    """Whether ``frame`` or one of its callers is a tracking library's code."""
+    while frame is not None:
+        if _is_tracker(frame.f_globals.get("__name__")):
+            return True
+        frame = frame.f_back
+    return False
+
+
 # How long a parked thread waits, after the finalizers, for the death the ender deals next.
 DEATH_WAIT = 5.0
+
+# A main thread outside every tracker call, seen on the same instruction this long (the ender
+# handing over the GIL every millisecond meanwhile), is taken for stuck in a C call: its handler,
+# and the contextvars it hands over, are not waited for. One that runs Python moves on at once,
+# or runs its handler, which the signal made pending, at its next instruction.
+STILL = 0.02
 
 
 class SignalWatch:
@@ -245,14 +283,11 @@ class SignalWatch:
         # The signal whose chained handler runs now: a sys.exit() from inside it (Ray's SIGTERM
         # handler calls sys.exit(1)) is that signal's doing, not a plain exit.
         self.in_handler_for: int | None = None
-        self._read_fd = -1
-        self._write_fd = -1
-        # The wakeup fd the program believes is set (asyncio's self-pipe, say): it gets every
-        # byte the listener reads. Changed under _forward_lock, so that once the program's
-        # set_wakeup_fd(-1) has returned, nothing more is written to an fd it may close.
-        self._previous_fd = -1
-        self._forward_lock = _thread.allocate_lock()
-        # The C functions the program calls, while lifeguard's wrappers stand in for them.
+        # The listener's ears: faulthandler's handler in front of CPython's for each signal
+        # heard now (lifeguard.ears). The wakeup fd stays the program's.
+        self.ears = Ears()
+        self._listening = False
+        # The C function the program calls, while lifeguard's wrapper stands in for it.
         self._wrapped: dict[str, object] = {}
         self._parked = False
         # Set once the ender thread is started: the process is on its way to die of a signal.
@@ -304,6 +339,8 @@ class SignalWatch:
         self.takeover = frozenset(s for s, p in self.saved.items() if p == _signal.SIG_DFL)
         if self.takeover:
             self._start_listener()
+            for signum in self.takeover:
+                self.ears.hear(signum)
         if self.saved:
             self._wrap_dispositions()
 
@@ -313,6 +350,7 @@ class SignalWatch:
         self._unwrap_dispositions()
         for signum, previous in self.saved.items():
             if _signal.getsignal(signum) == self.handler:
+                self.ears.deafen(signum)
                 _set_handler(signum, previous)
         self.saved.clear()
         self._stop_listener()
@@ -326,155 +364,146 @@ class SignalWatch:
             return
         for signum in self.watched:
             if _signal.getsignal(signum) is _signal.default_int_handler:
-                _set_handler(signum, self.handler)
+                self._set(signum, self.handler)
 
     def unguard(self) -> None:
         if not is_main_thread():
             return
         for signum in self.watched:
             if _signal.getsignal(signum) == self.handler:
-                _set_handler(signum, _signal.default_int_handler)
+                self._set(signum, _signal.default_int_handler)
+
+    def _should_hear(self, signum: int, handler: Handler) -> bool:
+        """Whether the listener hears ``signum`` while ``handler`` is in place: whenever it is
+        lifeguard's, and Ctrl-C's ``default_int_handler`` too once the process is on its way
+        to die of another signal (a Ctrl-C then means "now", even to a main thread stuck in
+        C that never runs a handler)."""
+        if handler == self.handler:
+            # Not for a signal whose handler before lifeguard's was the program's: the main
+            # thread calls that one (see _chain), and the listener has no say.
+            return signum in self.takeover or signum in self.watched
+        return self.ending and signum in self.watched and handler is _signal.default_int_handler
+
+    def _set(self, signum: int, handler: Handler) -> Handler:
+        """Set ``signum``'s handler (main thread), the listener hearing it exactly while that
+        handler is lifeguard's. Deafened first: unregistering puts back the C handler that
+        faulthandler chained to, and only then may ``signal.signal`` set what it sets."""
+        if signum in self.ears.heard:
+            self.ears.deafen(signum)
+        try:
+            return _set_handler(signum, handler)
+        finally:
+            if self._should_hear(signum, _signal.getsignal(signum)):
+                self.ears.hear(signum)
+
+    def _hear_watched(self) -> None:
+        """The process is on its way to die of a signal: from now on, a Ctrl-C is heard too."""
+        if not self.ears.is_open:
+            return
+        for signum in self.watched:
+            if self._should_hear(signum, _signal.getsignal(signum)):
+                self.ears.hear(signum)
 
     def _start_listener(self) -> None:
-        from lifeguard._fds import pipe
-
-        self._read_fd, self._write_fd = pipe()
-        os.set_blocking(self._write_fd, False)  # the C handler must never block
-        self._previous_fd = _set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
-        _thread.start_new_thread(self._listen, ())
+        if self._listening:
+            return
+        self._listening = True
+        # A pipe for every hooked signal: Ctrl-C's is heard only once the process is ending.
+        self.ears.open(set(self.saved))
+        _thread.start_new_thread(self._listen, (self.ears, self.ears.listen()))
 
     def _stop_listener(self) -> None:
-        if self._write_fd == -1:
+        if not self._listening:
             return
-        try:
-            if _set_wakeup_fd(self._previous_fd) != self._write_fd:
-                _set_wakeup_fd(_set_wakeup_fd(-1))  # someone else's: keep it
-        except ValueError:  # not the main thread: leave the wakeup fd as it is
-            return
-        os.close(self._write_fd)  # EOF ends the listener
-        self._write_fd = -1
+        self._listening = False
+        self.ears.close()  # end-of-file ends the listener
+        self.ears = Ears()
 
     def after_fork_in_child(self) -> None:
-        """The pipe is shared with the parent, whose listener did not survive the fork: give the
-        child back the wakeup fd it had before lifeguard."""
-        try:
-            _set_wakeup_fd(self._previous_fd)
-        except ValueError:
-            pass
+        """The pipes are shared with the parent, whose listener did not survive the fork: the
+        child's signals go to CPython's handler alone, as they did before lifeguard."""
+        self.ears.forget_after_fork()
+        self._listening = False
 
     # -- dispositions the program sets, and hands back ----------------------------------------
 
     def _wrap_dispositions(self) -> None:
-        """Keep lifeguard's signal path in force when a library hands the signals back.
+        """Keep lifeguard's signal path in force when a library hands the signals back, and the
+        listener hearing exactly while lifeguard's handler is in place.
 
         asyncio's ``loop.add_signal_handler`` takes a signal (the program's choice, which
-        stands) and the wakeup fd; when the loop closes it sets the signal back to SIG_DFL and
-        the wakeup fd to -1, and without this a SIGTERM during the synchronous training that
-        follows would kill the process unheard. So, while lifeguard is installed:
-
-        - ``signal.signal(sig, SIG_DFL)`` for a signal lifeguard took over gives it back to
-          lifeguard, whose handler is the default action plus the finalizers;
-        - ``signal.set_wakeup_fd(fd)`` sets the fd the program sees (returned, and given every
-          byte, by the listener) while the listener's pipe stays the interpreter's wakeup fd.
-
-        ``signal.signal`` looks ``_signal.signal`` up at each call, so wrapping the C function is
-        enough; ``signal.set_wakeup_fd`` is bound at ``import signal``, so it is wrapped in both
-        modules."""
+        stands); when the loop closes it sets the signal back to SIG_DFL, and without this a
+        SIGTERM during the synchronous training that follows would kill the process unheard.
+        So, while lifeguard is installed, ``signal.signal(sig, SIG_DFL)`` for a signal lifeguard
+        hooked gives it back to lifeguard, whose handler is the default action plus the
+        finalizers. ``signal.signal`` looks ``_signal.signal`` up at each call, so wrapping the
+        C function is enough."""
         watch = self
 
         def signal(signalnum: int, handler: Handler, /) -> Handler:
-            previous = _set_handler(signalnum, handler)
-            watch._handed_back(signalnum, handler)
-            return previous
+            return watch._program_sets(signalnum, handler)
 
-        def set_wakeup_fd(fd: int, /, *, warn_on_full_buffer: bool = True) -> int:
-            return watch._set_program_wakeup_fd(fd, warn_on_full_buffer)
-
-        for name, wrapper, original in (
-            ("signal", signal, _set_handler),
-            ("set_wakeup_fd", set_wakeup_fd, _set_wakeup_fd),
-        ):
-            wrapper.__name__ = wrapper.__qualname__ = name
-            wrapper.__doc__ = original.__doc__
-            self._wrapped[name] = wrapper
-            setattr(_signal, name, wrapper)
-        module = sys.modules.get("signal")
-        if getattr(module, "set_wakeup_fd", None) is _set_wakeup_fd:
-            setattr(module, "set_wakeup_fd", set_wakeup_fd)  # noqa: B010 - a module of the stdlib
+        signal.__name__ = signal.__qualname__ = "signal"
+        signal.__doc__ = _set_handler.__doc__
+        self._wrapped["signal"] = signal
+        setattr(_signal, "signal", signal)  # noqa: B010 - the interpreter's C module
 
     def _unwrap_dispositions(self) -> None:
-        for name, original in (("signal", _set_handler), ("set_wakeup_fd", _set_wakeup_fd)):
-            wrapper = self._wrapped.pop(name, None)
-            if wrapper is None:
-                continue
-            if getattr(_signal, name) is wrapper:
-                setattr(_signal, name, original)
-            module = sys.modules.get("signal")
-            if module is not None and getattr(module, name, None) is wrapper:
-                setattr(module, name, original)
+        wrapper = self._wrapped.pop("signal", None)
+        if wrapper is not None and _signal.signal is wrapper:
+            setattr(_signal, "signal", _set_handler)  # noqa: B010 - the interpreter's C module
 
-    def _handed_back(self, signalnum: int, handler: Handler) -> None:
-        """The program set a hooked signal's handler (in the main thread: Python allows no
-        other). Back at the default action, it is lifeguard's, default action and all (a
-        ``signal.signal(SIGINT, SIG_DFL)`` too: "Ctrl-C just kills me"); back at Python's
-        ``default_int_handler``, KeyboardInterrupt's."""
-        signum = int(signalnum)
+    def _program_sets(self, signalnum: int, handler: Handler) -> Handler:
+        """The program sets a signal's handler. Back at the default action, a signal lifeguard
+        hooked is lifeguard's, default action and all (a ``signal.signal(SIGINT, SIG_DFL)``
+        too: "Ctrl-C just kills me"); back at Python's ``default_int_handler``,
+        KeyboardInterrupt's. Any other handler is the program's, and the listener stops hearing
+        the signal until lifeguard's is back (trio's ``open_signal_receiver`` puts it back on
+        its way out)."""
+        try:
+            signum = int(signalnum)
+        except (TypeError, ValueError):
+            return _set_handler(signalnum, handler)  # raises as it would without lifeguard
         lifecycle = self._lifecycle
-        if signum not in self.saved or not lifecycle.owns_process():
-            return
-        if not lifecycle.is_installed():
-            return
-        if handler == _signal.SIG_DFL:
-            _set_handler(signum, self.handler)
-            self.saved[signum] = _signal.SIG_DFL
-            self.takeover |= {signum}
-            self.watched -= {signum}
-            if self._write_fd == -1:
+        if signum not in self.saved or not lifecycle.owns_process() or not is_main_thread():
+            return _set_handler(signalnum, handler)
+        if lifecycle.is_installed():
+            if handler == _signal.SIG_DFL:
+                handler = self.handler
+                self.saved[signum] = _signal.SIG_DFL
+                self.takeover |= {signum}
+                self.watched -= {signum}
                 self._start_listener()
-        elif handler is _signal.default_int_handler:
-            self.saved[signum] = handler
-            self.takeover -= {signum}
-            self.watched |= {signum}
-
-    def _set_program_wakeup_fd(self, fd: int, warn_on_full_buffer: bool) -> int:
-        if not self._lifecycle.owns_process() or self._write_fd == -1:
-            return _set_wakeup_fd(fd, warn_on_full_buffer=warn_on_full_buffer)
-        # The interpreter checks the call (main thread, an fd it can use) and raises as it
-        # would without lifeguard; then the listener's pipe is put back at once.
-        _set_wakeup_fd(fd, warn_on_full_buffer=warn_on_full_buffer)
-        _set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
-        with self._forward_lock:
-            previous, self._previous_fd = self._previous_fd, fd
-        return previous
+            elif handler is _signal.default_int_handler:
+                self.saved[signum] = handler
+                self.takeover -= {signum}
+                self.watched |= {signum}
+        return self._set(signum, handler)
 
     # -- the listener thread -------------------------------------------------------------------
 
-    def _listen(self) -> None:
+    def _listen(self, ears: Ears, read_fds: tuple[int, ...]) -> None:
+        """What is in a signal's pipe came while lifeguard's handler was the one in place (see
+        lifeguard.ears): lifeguard's signal, however late this thread reads it."""
+        from lifeguard.ears import wait
+
         take_no_signals()
+        signals = {fd: ears.signal_of(fd) for fd in read_fds}
         while True:
-            if self.die_by is not None and not self._readable_before(self.die_by):
-                self._overdue()
+            die_by = self.die_by
+            ready = wait(read_fds, None if die_by is None else die_by - time.monotonic())
+            if ready is None:
+                for fd in read_fds:
+                    os.close(fd)
+                return
+            if not ready:
+                if self.die_by is not None and time.monotonic() >= self.die_by:
+                    self._overdue()
                 continue
-            try:
-                data = os.read(self._read_fd, 512)
-            except OSError:
-                return
-            if not data:
-                os.close(self._read_fd)
-                return
-            with self._forward_lock:
-                if self._previous_fd != -1:
-                    try:
-                        os.write(self._previous_fd, data)  # asyncio's self-pipe, say
-                    except OSError:
-                        pass  # a full or closed self-pipe: its owner has that problem alone
             now = time.time()
-            for signum in data:
-                if signum in self.takeover and _signal.getsignal(signum) == self.handler:
-                    self.notice(signum, now, escalate=True)
-                elif signum in self.watched and self.ending:
-                    # Ctrl-C while the ender ends the process for another signal: now. (The
-                    # main thread may be stuck in C, and never run a handler.)
+            for fd in ready:
+                signum = signals.get(fd)
+                if signum is not None:
                     self.notice(signum, now, escalate=True)
             self._bound_the_wait()
 
@@ -508,6 +537,7 @@ class SignalWatch:
         if first is None:
             if lifecycle.is_installed():
                 self.ending = True
+                self._hear_watched()
                 self._hold_the_interpreter_open()
                 try:
                     _thread.start_new_thread(self._end, (signum, at))
@@ -547,17 +577,6 @@ class SignalWatch:
             signum,
         )
         die(signum)
-
-    def _readable_before(self, when: float) -> bool:
-        """Whether the pipe has data before ``when`` (monotonic). select only now: install()
-        imports no extension module it does not need."""
-        import select
-
-        try:
-            ready, _, _ = select.select([self._read_fd], [], [], max(0.0, when - time.monotonic()))
-        except (OSError, ValueError):
-            return True  # let os.read report the closed pipe
-        return bool(ready)
 
     def _overdue(self) -> None:
         """The deadline passed with the finalizing of an exit or a crash not done, and a signal
@@ -627,28 +646,40 @@ class SignalWatch:
     def _wait_for_main_thread_to_leave_trackers(self) -> None:
         """Let the call into a tracking library that the signal interrupted finish first: its
         write (and sqlite's lock) completes, and a run that ``start_run`` was creating is on its
-        stack by the time the finalizers look. And let the main thread's handler run, which
-        hands over its contextvars. Bounded: a main thread stuck in C is not waited for past a
-        quarter of the deadline (2.5 s at most: a start_run against a server on a loaded machine
-        took over 1 s)."""
+        stack by the time the finalizers look. Bounded: a main thread stuck in C is not waited
+        for past a quarter of the deadline (2.5 s at most: a start_run against a server on a
+        loaded machine took over 1 s).
+
+        Only with something to finalize (a run to end, a finalizer of the program's): otherwise
+        nothing the main thread holds matters (SIGTERM in the middle of ``import mlflow``), and
+        the death costs what it costs without lifeguard. Outside every tracker call, only the
+        main thread's handler is waited for, which hands over its contextvars, and only while
+        the main thread runs Python: one that stays on the same instruction for ``STILL`` is
+        stuck in a C call, and its handler runs only once that call returns."""
         main = _main_thread_ident()
-        if main is None:
+        if main is None or not self._lifecycle.registry.has_work():
             return
-        give_up = time.monotonic() + min(2.5, self._lifecycle.deadline / 4)
-        while time.monotonic() < give_up:
-            if self.main_context is not None and self.parked_now:
-                return
-            frame = sys._current_frames().get(main)
-            inside = False
-            while frame is not None:
-                if _is_tracker(frame.f_globals.get("__name__")):
-                    inside = True
-                    break
-                frame = frame.f_back
-            del frame
-            if not inside and self.main_context is not None:
-                return
-            time.sleep(0.001)
+        now = time.monotonic()
+        give_up = now + min(2.5, self._lifecycle.deadline / 4)
+        last: tuple[object, int] | None = None
+        still_since = now
+        try:
+            while now < give_up:
+                if self.main_context is not None and self.parked_now:
+                    return
+                frame = sys._current_frames().get(main)
+                if not _inside_a_tracker(frame):
+                    if self.main_context is not None or frame is None:
+                        return
+                    if last is None or last[0] is not frame or last[1] != frame.f_lasti:
+                        last, still_since = (frame, frame.f_lasti), now
+                    elif now - still_since >= STILL:
+                        return
+                del frame
+                time.sleep(0.001)
+                now = time.monotonic()
+        finally:
+            last = None
 
     # -- the Python-level handler (main thread) ------------------------------------------------
 

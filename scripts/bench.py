@@ -8,6 +8,9 @@ alike. Goals (docs/design.md section 4):
   import lifeguard          < 5 ms over bare `python -c pass`; imports neither mlflow nor psutil
   install()                 < 2 ms
   SIGTERM -> exit, KILLED   <= 1.10x a hand-written handler (tag reason, end_run, re-kill)
+  SIGTERM -> death, stuck   <= 1.10x the same program without lifeguard: the main thread stuck
+                            in a C call outside any tracker call (no run: nothing to write;
+                            with a run, what it adds is the status write, shown apart)
   Ctrl-C -> exit, KILLED    <= 1.10x the same program without lifeguard (a loop logging with
                             synchronous=False: MLflow's exit hook flushes, in both)
   nothing to do             <= 1.05x the same program without lifeguard, and no file: one that
@@ -224,6 +227,69 @@ def bench_sigterm(rounds: int) -> dict[str, object]:
         "final status (hand / lifeguard)": f"{statuses['anchor']} / {statuses['lifeguard']}",
         "goal": "<= 1.10x, KILLED",
     }
+
+
+# The main thread stuck in a C call that never returns (a collective waiting for a dead peer):
+# the second lock of a mutex it holds. No Python runs, no signal ends the wait.
+_STUCK_IN_C = """
+import ctypes, sys
+import mlflow
+{install}
+{start}
+libc = ctypes.CDLL(None)
+mutex = ctypes.create_string_buffer(64)
+libc.pthread_mutex_lock(mutex)
+print("ready", flush=True)
+libc.pthread_mutex_lock(mutex)
+"""
+
+
+def bench_sigterm_stuck(rounds: int) -> dict[str, object]:
+    """SIGTERM to death of a process whose main thread is stuck in a C call outside any tracker
+    call, against the same program without lifeguard, interleaved round by round; from the
+    signal to the exit, timed with a pidfd. Without a run lifeguard has nothing to write, and
+    its cost is the listener, the ender and the re-kill; with one, the status write too."""
+    import logging
+
+    from mlflow.tracking import MlflowClient
+
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+    result: dict[str, object] = {}
+    with tempfile.TemporaryDirectory(prefix="lifeguard-bench-") as tmp:
+        uri = f"sqlite:///{tmp}/mlflow.db"
+        client = MlflowClient(tracking_uri=uri)
+        client.search_experiments()  # migrate once, outside the timings
+        env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONWARNINGS": "ignore",
+               "LIFEGUARD_JOURNAL_DIR": f"{tmp}/journal"}  # fmt: skip
+
+        def once(guarded: bool, start: str) -> float:
+            code = _STUCK_IN_C.format(
+                install="import lifeguard; lifeguard.install()" if guarded else "", start=start
+            )
+            proc = subprocess.Popen(
+                [PY, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
+                text=True,
+            )  # fmt: skip
+            assert proc.stdout is not None
+            proc.stdout.readline()
+            began = time.perf_counter()
+            proc.send_signal(signal.SIGTERM)
+            rc = wait_exact(proc, 120)
+            elapsed = time.perf_counter() - began
+            assert rc == -signal.SIGTERM, f"exit status {rc}"
+            return elapsed
+
+        for label, start in (("no run", ""), ("a run", "mlflow.start_run()")):
+            bare, guarded = interleave(
+                rounds,
+                lambda start=start: once(False, start),
+                lambda start=start: once(True, start),
+            )
+            result[f"{label}: without lifeguard (ms)"] = bare * 1e3
+            result[f"{label}: lifeguard (ms)"] = guarded * 1e3
+            result[f"{label}: ratio"] = guarded / bare
+    result["goal"] = "<= 1.10x with no run (with a run: plus the status write)"
+    return result
 
 
 # A training loop that logs asynchronously, as fast as a step goes: Ctrl-C lands in the loop.
@@ -554,6 +620,22 @@ TABLE: list[tuple[str, str, str, str, str | None, str]] = [
         "<= 1.10x",
     ),
     (
+        "sigterm-stuck",
+        "SIGTERM -> death, main thread stuck in C, no run (ms)",
+        "no run: lifeguard (ms)",
+        "without lifeguard",
+        "no run: without lifeguard (ms)",
+        "<= 1.10x",
+    ),
+    (
+        "sigterm-stuck",
+        "the same with a run, ended KILLED (ms)",
+        "a run: lifeguard (ms)",
+        "without lifeguard",
+        "a run: without lifeguard (ms)",
+        "+ the status write",
+    ),
+    (
         "ctrl-c",
         "Ctrl-C -> exit, async logging (ms)",
         "lifeguard (ms)",
@@ -624,6 +706,7 @@ def main() -> int:
             "import",
             "install",
             "sigterm",
+            "sigterm-stuck",
             "ctrl-c",
             "nothing-to-do",
             "watchdog",
@@ -652,6 +735,7 @@ def main() -> int:
         "import": bench_import,
         "install": bench_install,
         "sigterm": bench_sigterm,
+        "sigterm-stuck": bench_sigterm_stuck,
         "ctrl-c": bench_ctrl_c,
         "nothing-to-do": bench_nothing_to_do,
         "watchdog": bench_watchdog,

@@ -399,24 +399,32 @@ def test_existing_wakeup_fd_still_gets_every_signal() -> None:
     assert result.stdout.strip() == f"[{int(signal.SIGUSR1)}]"
 
 
-def test_forked_child_gets_its_own_wakeup_fd_back() -> None:
-    """Otherwise a signal to a DataLoader worker would wake the parent's helper thread."""
+def test_a_forked_childs_signal_is_not_the_parents() -> None:
+    """A DataLoader worker inherits lifeguard's hooks and the listener's pipes: a SIGTERM to it
+    must not be written there, where the parent's listener would take it for its own."""
     result = python(
         """
-        import os, signal, lifeguard
+        import faulthandler, os, signal, lifeguard
         lifeguard.install()
         pid = os.fork()
         if pid == 0:
-            print("child", signal.set_wakeup_fd(-1), flush=True)
+            # faulthandler's handler is the parent's, gone: nothing to unregister here.
+            print("child", faulthandler.unregister(signal.SIGTERM), flush=True)
+            os.kill(os.getpid(), signal.SIGTERM)
             os._exit(0)
-        os.waitpid(pid, 0)
-        # The parent's wakeup fd is still the listener's; what the program sees is its own.
-        from lifeguard.signals import _set_wakeup_fd
-        print("parent", _set_wakeup_fd(-1) != -1, signal.set_wakeup_fd(-1))
+        _, status = os.waitpid(pid, 0)
+        print("died of", os.WTERMSIG(status) if os.WIFSIGNALED(status) else None)
+        from lifeguard import lifecycle
+        watch = lifecycle.current().hooks.signals
+        print("parent", watch.first, faulthandler.unregister(signal.SIGTERM), flush=True)
         """
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split("\n")[:2] == ["child -1", "parent True -1"]
+    assert result.stdout.split("\n")[:3] == [
+        "child False",
+        f"died of {int(signal.SIGTERM)}",
+        "parent None True",
+    ]
 
 
 # -- ranks ------------------------------------------------------------------------------------

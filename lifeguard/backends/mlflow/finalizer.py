@@ -58,7 +58,10 @@ class MlflowFinalizer:
             if any(run.info.run_id not in skip for _, run in active.active_runs(fluent)):  # type: ignore[attr-defined]
                 return True
         except Exception:  # noqa: BLE001 - MLflow's internals moved: look the long way
-            return True
+            # Or still being imported (a SIGTERM in the middle of `import mlflow`): its stack
+            # is not even defined yet, and no run can be on it.
+            if not getattr(getattr(fluent, "__spec__", None), "_initializing", False):
+                return True
         return active.created_outside_fluent_here() or _raised_in_run_change()
 
     def not_ours(self) -> frozenset[str]:

@@ -1,0 +1,146 @@
+"""How lifeguard hears a signal at the instant it comes, whatever the program does meanwhile.
+
+CPython's own C handler only trips a flag (the Python-level handler runs once the main thread
+runs Python again: never, for a main thread stuck in a C call) and writes the signal's number to
+*the* wakeup fd. There is one wakeup fd per process, and it is the program's: asyncio, trio and
+uvloop each take it for their loop, uvloop through a function it bound when it was imported, out
+of anyone's reach. So lifeguard leaves it alone.
+
+Instead, for each signal it must hear, faulthandler's user-signal handler (C, safe in a signal
+handler) stands in front of CPython's: at delivery it writes the Python threads' tracebacks to
+that signal's own pipe, then calls CPython's handler (``chain=True``), which trips the
+Python-level handler and writes the program's wakeup fd exactly as without lifeguard. Only the
+arrival of that text counts; the listener reads it and throws it away. Every thread's, not only
+the interrupted one's: that one writes nothing when Python does not know it, and the kernel
+hands a signal sent to the process to any thread when the main thread blocks it (at the start
+of ``os.system``, or for good in a program stuck in a C call that blocked it): a C library's.
+
+The signal module keeps the two in step: a signal is heard only while lifeguard's handler is the
+one in place, so what is in a pipe came while it was lifeguard's signal, however late the
+listener reads it.
+"""
+
+from __future__ import annotations
+
+import _thread
+import os
+
+from lifeguard._fds import pipe
+
+__all__ = ["Ears"]
+
+
+class Ears:
+    """One pipe per signal, and faulthandler's handler registered for those heard now."""
+
+    def __init__(self) -> None:
+        self._pipes: dict[int, tuple[int, int]] = {}  # signum -> (read end, write end)
+        self.heard: set[int] = set()
+        # hear() and deafen() come from the main thread and from the ender (see SignalWatch);
+        # re-entrant, because the main thread's own Python-level handler may come in between.
+        self._lock = _thread.RLock()
+
+    def open(self, signals: frozenset[int] | set[int] | list[int]) -> None:
+        for signum in signals:
+            if signum in self._pipes:
+                continue
+            read_fd, write_fd = pipe()
+            os.set_blocking(write_fd, False)  # a handler must never block: a full pipe drops
+            os.set_blocking(read_fd, False)
+            self._pipes[signum] = (read_fd, write_fd)
+
+    @property
+    def is_open(self) -> bool:
+        return bool(self._pipes)
+
+    def hear(self, signum: int) -> None:
+        """From now on, a delivery of ``signum`` is heard. Its Python-level handler must be a
+        callable (lifeguard's, or Python's ``default_int_handler``), so that the C handler
+        faulthandler finds in place, and chains to, is CPython's."""
+        ends = self._pipes.get(signum)
+        if ends is None:
+            return
+        import faulthandler  # built into the interpreter: no import cost
+
+        with self._lock:
+            if signum in self.heard:
+                # register() changes nothing for a signal registered already, and a handler set
+                # since (signal.signal: CPython's again) has replaced faulthandler's. Unregister
+                # puts back the CPython handler found at registration, the same one.
+                faulthandler.unregister(signum)
+            faulthandler.register(signum, file=ends[1], all_threads=True, chain=True)
+            self.heard.add(signum)
+
+    def deafen(self, signum: int) -> None:
+        """Stop hearing ``signum``. Before its handler changes: unregistering puts back the C
+        handler that was there at registration (CPython's)."""
+        with self._lock:
+            if signum not in self.heard:
+                return
+            import faulthandler
+
+            faulthandler.unregister(signum)
+            self.heard.discard(signum)
+
+    def listen(self) -> tuple[int, ...]:
+        """The read ends, for :meth:`wait` (the listener takes them once, at its start)."""
+        return tuple(read_fd for read_fd, _ in self._pipes.values())
+
+    def signal_of(self, read_fd: int) -> int | None:
+        for signum, (fd, _) in self._pipes.items():
+            if fd == read_fd:
+                return signum
+        return None
+
+    def close(self) -> None:
+        """Hear nothing more; the listener, reading end-of-file, ends and closes the read ends."""
+        with self._lock:
+            for signum in list(self.heard):
+                self.deafen(signum)
+            pipes, self._pipes = self._pipes, {}
+        for _, write_fd in pipes.values():
+            os.close(write_fd)
+
+    def forget_after_fork(self) -> None:
+        """In a forked child: the pipes are the parent's, and no listener of this process reads
+        them. The child's deliveries go to CPython's handler alone, as before lifeguard."""
+        import faulthandler
+
+        for signum in self.heard:
+            faulthandler.unregister(signum)
+        self.heard = set()
+        self._lock = _thread.RLock()  # another thread of the parent may have held it
+        pipes, self._pipes = self._pipes, {}
+        for ends in pipes.values():
+            for fd in ends:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+
+def wait(read_fds: tuple[int, ...], timeout: float | None) -> list[int] | None:
+    """Block until some of ``read_fds`` have data (those, each once, their data consumed) or
+    ``timeout`` seconds pass ([]). None once the pipes are closed. poll, not select: the fds
+    sit high, where select's limit may be."""
+    import select
+
+    poller = select.poll()
+    for fd in read_fds:
+        poller.register(fd, select.POLLIN)
+    try:
+        events = poller.poll(None if timeout is None else max(0, int(timeout * 1000) + 1))
+    except InterruptedError:
+        return []
+    ready = []
+    for fd, _ in events:
+        try:
+            data = os.read(fd, 65536)
+        except BlockingIOError:
+            continue
+        except OSError:
+            return None
+        if not data:
+            return None
+        ready.append(fd)
+    return ready

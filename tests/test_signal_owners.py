@@ -1,0 +1,344 @@
+"""Whose signal it is, and how soon it is heard: next to the program's own handlers, the event
+loops it runs (asyncio, trio, uvloop) and the launchers that send it (``timeout``).
+
+- A signal is lifeguard's if lifeguard's handler was the one in place *when it came*: a program
+  that handles SIGTERM itself and then puts back the handler it found decided for itself.
+- The listener hears a signal whatever took the wakeup fd (uvloop binds ``set_wakeup_fd`` when it
+  is imported, so before or after ``install()`` makes a difference to nothing), and the loops
+  still get their signals as without lifeguard.
+- The main thread is waited for only inside a tracker's call with a run to end: stuck in a C call
+  elsewhere, or in the middle of ``import mlflow`` with no run yet, the process dies of the signal
+  about as soon as it would without lifeguard (``timeout``'s grace is what tells).
+
+Every program here is real and runs in a real subprocess; a C call that never returns is the
+second lock of a pthread mutex the main thread holds (what a collective waiting for a dead peer
+or a GPU sync looks like from Python: no Python runs, no signal ends the wait).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from lifeguard.demo import run_child
+from tests.conftest import CHILD_TIMEOUT, Store, child_env, shows_lifeguard, trials
+
+pytestmark = pytest.mark.slow
+
+INSTALL = "import lifeguard; lifeguard.install()"
+READY = """print('LIFEGUARD-READY {"run_id": "%s"}' % run.info.run_id, flush=True)"""
+TIMEOUT = shutil.which("timeout") or "timeout"
+
+# A C call that never returns and runs no Python meanwhile, with the GIL released.
+STUCK_IN_C = """
+import ctypes
+_libc = ctypes.CDLL(None)
+_mutex = ctypes.create_string_buffer(64)  # a pthread_mutex_t, zeroed: PTHREAD_MUTEX_INITIALIZER
+_libc.pthread_mutex_lock(_mutex)
+
+def stuck_in_c():
+    _libc.pthread_mutex_lock(_mutex)  # the second lock of a normal mutex: waits forever
+"""
+
+
+def program(tmp_path: Path, name: str, code: str, **parts: str) -> Path:
+    path = tmp_path / f"{name}.py"
+    source = textwrap.dedent(code)
+    for key, value in {"install": INSTALL, "ready": READY, "stuck": STUCK_IN_C, **parts}.items():
+        source = source.replace("{" + key + "}", textwrap.dedent(value))
+    path.write_text(source)
+    return path
+
+
+def run_id_in(text: str) -> str:
+    found = re.search(r'"run_id": "([0-9a-f]{32})"', text)
+    assert found, text
+    return found.group(1)
+
+
+# -- 1. a handler the program puts back: the signal was the program's ---------------------------
+
+RESTORE = """
+import random, signal, sys
+{install}
+import mlflow
+
+run = mlflow.start_run()
+saved = []
+
+def save(signum, frame):
+    saved.append(signum)  # checkpoint at the next step, then carry on
+
+old = signal.signal(signal.SIGTERM, save)
+{ready}
+step = 0
+while not saved:  # training steps, a metric now and then
+    sum(range(random.randrange(100, 5000)))
+    step += 1
+    if step % 1000 == 0:
+        mlflow.log_metric("loss", 1.0 / step, step=step)
+print("checkpoint saved", flush=True)
+signal.signal(signal.SIGTERM, old)  # the handler it found: lifeguard's
+mlflow.log_metric("saved", 1.0)
+sys.exit(0)
+"""
+
+TRIO_RESTORE = """
+import random, signal
+{install}
+import mlflow
+import trio
+
+run = mlflow.start_run()
+
+async def main():
+    # Leaving the block puts back the handler trio found there: lifeguard's.
+    with trio.open_signal_receiver(signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def checkpoint_on_signal():
+                async for _ in signals:
+                    print("checkpoint saved", flush=True)
+                    nursery.cancel_scope.cancel()
+                    return
+
+            nursery.start_soon(checkpoint_on_signal)
+            {ready}
+            while True:  # training steps
+                sum(range(random.randrange(100, 5000)))
+                await trio.sleep(0)
+
+trio.run(main)
+mlflow.log_metric("saved", 1.0)
+"""
+
+
+@pytest.mark.parametrize("shape", ["signal.signal", "trio"])
+def test_a_handler_the_program_puts_back_leaves_the_signal_its_own(
+    store: Store, tmp_path: Path, shape: str
+) -> None:
+    """SIGTERM at a random instant of a training loop that handles it itself (a checkpoint),
+    then puts back the handler it found (lifeguard's) and ends normally: exit 0 and FINISHED,
+    every time, as without lifeguard."""
+    code = RESTORE if shape == "signal.signal" else TRIO_RESTORE
+    path = program(tmp_path, "restore", code)
+    seed = random.randrange(2**32)
+    pick = random.Random(seed)
+    for trial in range(trials(15, 4)):
+        delay = pick.uniform(0.0, 0.05)  # where in the loop the signal lands
+        result = run_child(
+            [sys.executable, str(path)],
+            env=child_env(store),
+            send=(signal.SIGTERM,),
+            after_ready=lambda _, delay=delay: time.sleep(delay),
+            timeout=CHILD_TIMEOUT,
+        )
+        where = f"trial {trial} (seed {seed}, signal {delay * 1e3:.1f} ms after ready)"
+        assert "checkpoint saved" in result.stdout, (where, result.stderr)
+        assert result.returncode == 0, (where, result.stderr)
+        assert not shows_lifeguard(result.stderr), (where, result.stderr)
+        run = store.run(run_id_in(result.stdout))
+        assert run.info.status == "FINISHED", where
+        assert run.data.metrics["saved"] == 1.0, where
+
+
+# -- 2. the listener hears whatever took the wakeup fd ------------------------------------------
+
+UVLOOP_STUCK = """
+{before}
+{install}
+{after}
+import mlflow
+{stuck}
+run = mlflow.start_run()
+
+async def train():
+    {ready}
+    stuck_in_c()
+
+uvloop.run(train())
+"""
+
+
+@pytest.mark.parametrize("imported", ["before install()", "after install()"])
+def test_sigterm_is_heard_under_uvloop_stuck_in_a_c_call(
+    store: Store, tmp_path: Path, imported: str
+) -> None:
+    """uvloop takes the wakeup fd with a ``set_wakeup_fd`` it bound at its import; a coroutine
+    is stuck in a C call that never returns. SIGTERM through ``timeout`` (which sends SIGKILL
+    10 s later): the process dies of SIGTERM, the run KILLED."""
+    first = "import uvloop"
+    path = program(
+        tmp_path,
+        "uvloop-stuck",
+        UVLOOP_STUCK,
+        before=first if imported.startswith("before") else "",
+        after=first if imported.startswith("after") else "",
+    )
+    result = run_child(
+        [TIMEOUT, "-k", "10", "600", sys.executable, str(path)],
+        env=child_env(store),
+        send=(signal.SIGTERM,),  # to timeout, which sends it on and starts its 10 s
+        timeout=CHILD_TIMEOUT,
+    )
+    assert result.returncode == -signal.SIGTERM, result.stderr  # timeout dies as its child did
+    run = store.run(run_id_in(result.stdout))
+    assert run.info.status == "KILLED", result.stderr
+    assert run.data.tags["lifeguard.signal"] == "SIGTERM"
+
+
+UVLOOP_HANDLES = """
+import signal
+{before}
+{install}
+{after}
+import mlflow
+
+run = mlflow.start_run()
+
+async def serve():
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)  # the program's choice, which stands
+    {ready}
+    await stop.wait()
+    print("the loop handled SIGTERM", flush=True)
+
+uvloop.run(serve())
+mlflow.log_metric("served", 1.0)
+"""
+
+
+@pytest.mark.parametrize("imported", ["before install()", "after install()"])
+def test_uvloop_gets_its_own_signals(store: Store, tmp_path: Path, imported: str) -> None:
+    """A uvloop service that handles SIGTERM itself (``add_signal_handler``) gets it through
+    its wakeup fd, which lifeguard leaves alone, and stops cleanly: exit 0, FINISHED."""
+    first = "import uvloop"
+    path = program(
+        tmp_path,
+        "uvloop-handles",
+        UVLOOP_HANDLES,
+        before=first if imported.startswith("before") else "",
+        after=first if imported.startswith("after") else "",
+    )
+    result = run_child(
+        [sys.executable, str(path)],
+        env=child_env(store),
+        send=(signal.SIGTERM,),
+        timeout=CHILD_TIMEOUT,
+    )
+    assert "the loop handled SIGTERM" in result.stdout, result.stderr
+    assert result.returncode == 0, result.stderr
+    assert not shows_lifeguard(result.stderr), result.stderr
+    run = store.run(run_id_in(result.stdout))
+    assert run.info.status == "FINISHED"
+    assert run.data.metrics["served"] == 1.0
+
+
+# -- 7. no wait for a main thread outside every tracker call ------------------------------------
+
+LOOP_STUCK = """
+{install}
+import mlflow
+{stuck}
+{start}
+
+def train():
+    {ready}
+    stuck_in_c()
+
+async def atrain():
+    train()
+
+{loop}
+"""
+
+LOOPS = {
+    "plain": "train()",
+    "asyncio": "import asyncio; asyncio.run(atrain())",
+    "trio": "import trio; trio.run(atrain)",
+}
+
+
+@pytest.mark.parametrize("loop", sorted(LOOPS))
+@pytest.mark.parametrize("with_run", [False, True], ids=["no run", "a run"])
+def test_sigterm_to_a_main_thread_stuck_in_c_is_not_waited_for(
+    store: Store, tmp_path: Path, loop: str, with_run: bool
+) -> None:
+    """SIGTERM through ``timeout`` to a program whose main thread is stuck in a C call, outside
+    any tracker call: it dies of SIGTERM within ``timeout``'s grace (1 s with no run; 2.4 s with
+    a run, whose status write on a loaded machine took up to 1.4 s). A wait for the main thread
+    (2.5 s) would run into the SIGKILL."""
+    path = program(
+        tmp_path,
+        f"stuck-{loop}",
+        LOOP_STUCK,
+        start="run = mlflow.start_run()" if with_run else "",
+        ready=READY if with_run else "print('LIFEGUARD-READY {\"run_id\": null}', flush=True)",
+        loop=LOOPS[loop],
+    )
+    result = run_child(
+        [TIMEOUT, "-k", "2.4" if with_run else "1", "600", sys.executable, str(path)],
+        env=child_env(store),
+        send=(signal.SIGTERM,),
+        timeout=CHILD_TIMEOUT,
+    )
+    assert result.returncode == -signal.SIGTERM, result.stderr
+    assert not shows_lifeguard(result.stderr), result.stderr
+    if with_run:
+        run = store.run(run_id_in(result.stdout))
+        assert run.info.status == "KILLED", result.stderr
+
+
+IMPORTING = """
+import os, sys, time
+{install}
+# The import starts at a chosen instant after `timeout` did: its SIGTERM lands inside it.
+time.sleep(max(0.0, float(os.environ["TEST_IMPORT_AT"]) - time.time()))
+print("importing", flush=True)
+import mlflow
+print("imported", flush=True)
+{stuck}
+stuck_in_c()
+"""
+
+
+def test_sigterm_in_the_middle_of_import_mlflow_is_timeouts_124(
+    store: Store, tmp_path: Path
+) -> None:
+    """``timeout -k 1 2s`` around a program that is still importing mlflow (no run yet) when the
+    2 s are up: it dies of the SIGTERM, and ``timeout`` exits 124, as without lifeguard; never
+    137 (the SIGKILL a second later). The import starts 0.1-0.5 s before the SIGTERM, at a
+    random instant."""
+    path = program(tmp_path, "importing", IMPORTING)
+    seed = random.randrange(2**32)
+    pick = random.Random(seed)
+    inside = 0
+    for trial in range(trials(10, 3)):
+        lead = pick.uniform(0.1, 0.5)
+        env = child_env(store, TEST_IMPORT_AT=str(time.time() + 2.0 - lead))
+        done = subprocess.run(
+            [TIMEOUT, "-k", "1", "2s", sys.executable, str(path)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=CHILD_TIMEOUT,
+        )
+        where = f"trial {trial} (seed {seed}, import {lead:.2f} s before the SIGTERM)"
+        assert done.returncode == 124, (where, done.stdout, done.stderr)
+        assert not shows_lifeguard(done.stderr), (where, done.stderr)
+        if "importing" in done.stdout and "imported" not in done.stdout:
+            inside += 1
+    # Otherwise this test could not fail: the SIGTERM must have come during the import.
+    assert inside, "the SIGTERM never landed inside `import mlflow`"
