@@ -69,6 +69,47 @@ def test_importing_mlflow_without_a_run_leaves_no_file_and_no_output(
     assert results[True].stderr == results[False].stderr
 
 
+def test_a_start_run_that_mlflow_itself_fails_adds_nothing(tmp_path: Path) -> None:
+    """``python -W error``: MLflow itself cannot open a sqlite store (SQLAlchemy's deprecation
+    warning, an error under ``-W error``), and ``start_run`` raises before any run exists. The
+    program's traceback is MLflow's; lifeguard has no run to end, so it builds no client and
+    prints nothing (it added a second, 40-line traceback from a client built for a search)."""
+    results = {}
+    for on in (False, True):
+        cwd = tmp_path / f"work-{on}"
+        cwd.mkdir()
+        env = bare_env(
+            LIFEGUARD_JOURNAL_DIR=str(tmp_path / "journal"),
+            MLFLOW_TRACKING_URI=f"sqlite:///{cwd / 'mlflow.db'}",
+        )
+        env["PYTHONWARNINGS"] = "error"
+        results[on] = subprocess.run(
+            [sys.executable, "-W", "error", "-c", (INSTALL if on else "") + RUN_AND_PRINT],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=CHILD_TIMEOUT,
+        )
+    without, with_ = results[False], results[True]
+    # The premise: MLflow's own failure, without lifeguard too (a later SQLAlchemy may warn no
+    # more; this test then proves nothing and says so).
+    assert without.returncode == 1 and "Warning" in without.stderr, without.stderr
+    assert with_.returncode == without.returncode
+    assert _without_lines_of_this_file(with_.stderr) == _without_lines_of_this_file(without.stderr)
+    assert "lifeguard" not in with_.stderr
+    assert not (tmp_path / "journal").exists()
+
+
+RUN_AND_PRINT = "import mlflow\nrun = mlflow.start_run()\nprint(run.info.run_id)\n"
+
+
+def _without_lines_of_this_file(stderr: str) -> str:
+    """A traceback without the ``-c`` program's own lines: its first line differs by the
+    install line in front of it."""
+    return "\n".join(line for line in stderr.splitlines() if '"<string>", line' not in line)
+
+
 def test_a_sigterm_with_no_run_leaves_no_file_and_no_output(tmp_path: Path) -> None:
     cwd = tmp_path / "work"
     cwd.mkdir()

@@ -313,16 +313,22 @@ def _uncaught() -> BaseException | None:
 
 
 def _raised_in_run_change() -> bool:
-    return _raised_in("start_run", "end_run")
-
-
-def _raised_in(*functions: str) -> bool:
-    """Whether the uncaught exception passed through one of MLflow's fluent ``functions``."""
+    """Whether the uncaught exception may have left a run RUNNING on no stack: it came through
+    ``end_run``, or through ``start_run`` once that had a run in hand (its ``active_run_obj``)
+    or was creating one (a ``create_run`` call under it). A ``start_run`` that failed before
+    (the store could not be opened: a server down, SQLAlchemy's warning under ``python -W
+    error``) left no run, and there is nothing to search for: no client is built, nothing said."""
     exc = _uncaught()
     tb = getattr(exc, "__traceback__", None)
+    in_start_run = False
     while tb is not None:
-        code = tb.tb_frame.f_code
-        if code.co_name in functions and code.co_filename.endswith("fluent.py"):
+        frame = tb.tb_frame
+        code = frame.f_code
+        if code.co_filename.endswith("fluent.py") and code.co_name in ("start_run", "end_run"):
+            if code.co_name == "end_run" or "active_run_obj" in frame.f_locals:
+                return True
+            in_start_run = True
+        elif in_start_run and code.co_name == "create_run":
             return True
         tb = tb.tb_next
     return False
