@@ -162,7 +162,11 @@ class ProcessHooks:
                 self.signals.die_if_ending()
                 from lifeguard.ending import shown_and_carried_on
 
-                if not shown_and_carried_on(tb, sys._getframe(0).f_back):
+                # A SystemExit handed to the excepthook is printed, not exited with: the REPL
+                # that `python -i` or PYTHONINSPECT opens after the script shows it.
+                if isinstance(value, SystemExit) or not shown_and_carried_on(
+                    tb, sys._getframe(0).f_back
+                ):
                     lifecycle.note_exception(value, tb)
                 self.move_atexit_to_front()
         finally:
