@@ -39,7 +39,7 @@ import time
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import logging
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from lifeguard.guardian import rest
     from lifeguard.guardian.sqlitestore import SqliteStore
@@ -214,7 +214,7 @@ def _logger(directory: str) -> logging.Logger:
     global _out
     logging.raiseExceptions = False  # a closed terminal must not turn one line into a traceback
     log = logger()
-    stream = _FileLog(os.path.join(directory, LOG_NAME)) if _stderr_is_devnull() else sys.stderr
+    stream = FileLog(os.path.join(directory, LOG_NAME)) if _stderr_is_devnull() else sys.stderr
     _out = logging.StreamHandler(stream)
     if stream is not sys.stderr:
         _out.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%Y-%m-%dT%H:%M:%S%z"))
@@ -227,16 +227,41 @@ def _logger(directory: str) -> logging.Logger:
     return log
 
 
-class _FileLog:
-    """``replayer.log``, opened at the first line only (0600, never through a symlink, in the
-    private journal directory), cut when it has grown past :data:`LOG_LIMIT`."""
+def log_to_the_journal_directory() -> None:
+    """From now on lifeguard's warnings and errors in this process go to ``replayer.log`` in
+    the journal directory (made, private, at the first line), and nowhere else: for a guardian
+    that let go of the program's stderr (a pipe, whose reader waits for its end of file)."""
+    import logging
 
-    def __init__(self, path: str) -> None:
+    from lifeguard._log import logger
+    from lifeguard.journal import Journal
+
+    journal = Journal()
+    handler = logging.StreamHandler(
+        FileLog(os.path.join(journal.directory, LOG_NAME), ensure=journal.ensure)
+    )
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%Y-%m-%dT%H:%M:%S%z"))
+    handler.setLevel(logging.WARNING)
+    log = logger()
+    log.addHandler(handler)
+    log.propagate = False
+
+
+class FileLog:
+    """``replayer.log``, opened at the first line only (0600, never through a symlink, in the
+    private journal directory, which ``ensure`` makes if given), cut when it has grown past
+    :data:`LOG_LIMIT`."""
+
+    def __init__(self, path: str, ensure: Callable[[], object] | None = None) -> None:
         self.path = path
+        self._ensure = ensure
 
     def write(self, text: str) -> int:
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
+            if self._ensure is not None:
+                self._ensure()
+                self._ensure = None
             fd = os.open(self.path, flags, 0o600)
         except OSError:
             return 0
