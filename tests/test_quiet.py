@@ -22,6 +22,7 @@ import pytest
 
 from lifeguard.demo import run_child
 from tests.conftest import CHILD_TIMEOUT, Store, child_env
+from tests.servers import MlflowServer
 
 pytestmark = pytest.mark.slow
 
@@ -150,6 +151,62 @@ def test_a_run_the_program_ended_itself_needs_nothing_at_exit(store: Store, tmp_
     run = store.run(results[True].stdout.strip())
     assert run.info.status == "FINISHED"
     assert "lifeguard.reason" not in run.data.tags  # MLflow ended it; lifeguard never wrote
+
+
+# -- MLflow's own output at exit ------------------------------------------------------------
+
+LINKED = """
+import os, signal, sys, time
+{install}
+import mlflow
+run = mlflow.start_run(run_name="train")
+print("RUN", run.info.run_id, flush=True)
+print("training", flush=True)
+{ending}
+"""
+
+LINK_ENDINGS = {
+    "returns": "",
+    "sys.exit(3)": "sys.exit(3)",
+    "an exception": "raise RuntimeError('loss is NaN')",
+    "SIGTERM": "os.kill(os.getpid(), signal.SIGTERM); time.sleep(60)",
+}
+
+
+@pytest.mark.parametrize("ending", list(LINK_ENDINGS))
+def test_mlflows_own_links_at_exit_are_printed_as_without_lifeguard(
+    mlflow_server: MlflowServer, tmp_path: Path, ending: str
+) -> None:
+    """A run on a tracking server: at exit, MLflow's own hook prints "🏃 View run train at:
+    URL" and "🧪 View experiment at: URL" on stdout, after the program's output; launchers'
+    and CI logs keep the link to the run. lifeguard ends the run instead of that hook, and the
+    same lines come out, in the same place; none where MLflow prints none (a SIGTERM: its hook
+    never runs). Seen: the lines were gone."""
+    results = {}
+    for on in (False, True):
+        code = LINKED.replace("{install}", INSTALL.strip() if on else "")
+        results[on] = subprocess.run(
+            [sys.executable, "-c", code.replace("{ending}", LINK_ENDINGS[ending])],
+            env=bare_env(
+                MLFLOW_TRACKING_URI=mlflow_server.uri,
+                LIFEGUARD_JOURNAL_DIR=str(tmp_path / "journal"),
+            ),
+            capture_output=True,
+            text=True,
+            timeout=CHILD_TIMEOUT,
+        )
+    without, with_ = results[False], results[True]
+    assert with_.returncode == without.returncode, with_.stderr
+    if ending != "SIGTERM":  # the premise: MLflow prints them
+        assert "🏃 View run train at: " in without.stdout, without.stdout
+    assert _same_run(with_.stdout) == _same_run(without.stdout), with_.stderr
+    assert with_.stderr == without.stderr
+
+
+def _same_run(stdout: str) -> str:
+    """The output with the run's id (and so its URL) made the same for any run."""
+    run_id = stdout.split("RUN ", 1)[1].split()[0]
+    return stdout.replace(run_id, "ID")
 
 
 # -- no home, or a read-only one -------------------------------------------------------------
