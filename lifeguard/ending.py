@@ -251,15 +251,34 @@ def final(noted: list[Event]) -> Event | None:
         event = Event.of_exception(last, last.__traceback__)
         if event.ended_the_program():
             return event
-    return None
+    return _passed_on_by_the_runner(noted)
+
+
+def _passed_on_by_the_runner(noted: list[Event]) -> Event | None:
+    """The program's last exit, when a runner under the program's top level caught it and then
+    ended the process through an exit no hook saw (coverage catches the program's SystemExit,
+    returns its code from ``main()``, and its console script's ``sys.exit(main())`` was bound
+    before install(): before 3.12 nothing sees that call). Also the exit coverage itself calls
+    after printing the program's uncaught exception (``sys.exit(1)``)."""
+    toplevel = sys.modules.get("lifeguard.toplevel")
+    if toplevel is None or not toplevel.ended_at_a_call():
+        return None
+    exits = [event for event in noted if event.exception is None]
+    if not exits:
+        return None
+    last = exits[-1]
+    catcher = next((frame for frame in last.frames if _returned(frame)), None)
+    return last if catcher is not None and toplevel.caught_by_the_runner(catcher) else None
 
 
 def returned() -> Outcome:
-    """The outcome of a program that no event ended: a return, exit 0. A bare
-    ``raise SystemExit(n)`` also lands here: invisible in-process on 3.11 (docs/limitations.md);
-    ``lifeguard run`` knows the real status, hence "assumed"."""
+    """The outcome of a program that no event ended: exit 0. Known for sure when the program's
+    top level returned (lifeguard.toplevel); otherwise "assumed": a bare ``raise SystemExit(n)``
+    lands here too, invisible in-process (docs/limitations.md), and ``lifeguard run``, which
+    knows the real status, is asked."""
     from lifeguard.outcome import Outcome
 
     outcome = Outcome.exited(0)
-    outcome.assumed = True
+    toplevel = sys.modules.get("lifeguard.toplevel")
+    outcome.assumed = toplevel is None or not toplevel.returned()
     return outcome

@@ -274,6 +274,101 @@ def _plain_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
 
 
+# -- an exit through a sys.exit bound before install(): coverage, console scripts ---------------
+
+UNDER_A_RUNNER = """
+import sys
+{install}
+import mlflow
+run = mlflow.start_run()
+print("RUN", run.info.run_id, flush=True)
+ENDING
+"""
+
+
+@pytest.mark.parametrize(
+    ("ending", "code"), [("sys.exit(3)", 3), ("raise ValueError('loss is NaN')", 1)]
+)
+def test_under_coverage_the_run_records_the_exit_code_the_process_exits_with(
+    store: Store, tmp_path: Path, ending: str, code: int
+) -> None:
+    """``coverage run train.py``: coverage catches the program's SystemExit (or prints its
+    uncaught exception and calls ``sys.exit(1)``), returns the code from ``main()``, and its
+    console script exits through ``sys.exit(main())``, looked up before the script ran
+    ``install()``. The process exits 3 (or 1); the run must say so. Seen: FINISHED, "exit code
+    0", both ways."""
+    coverage = Path(sys.executable).parent / "coverage"
+    results = {}
+    for on in (False, True):
+        program = write(tmp_path / f"train-{on}.py", UNDER_A_RUNNER.replace("ENDING", ending), on)
+        results[on] = subprocess.run(
+            [str(coverage), "run", f"--data-file={tmp_path / f'coverage-{on}'}", str(program)],
+            env=child_env(store),
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=CHILD_TIMEOUT,
+        )
+    without, with_ = results[False], results[True]
+    assert without.returncode == code, without.stderr
+    assert with_.returncode == code, with_.stderr
+    assert with_.stderr.replace("train-True", "train") == without.stderr.replace(
+        "train-False", "train"
+    )
+    run = store.run(run_id_in(with_.stdout))
+    assert run.info.status == "FAILED", run.data.tags
+    assert run.data.tags["lifeguard.exit_code"] == str(code)
+
+
+CONSOLE_SCRIPT = """
+import sys
+from cli import main
+if __name__ == "__main__":
+    sys.exit(main())
+"""
+
+MAIN_RETURNS = """
+def main():
+    {install}
+    import mlflow
+    run = mlflow.start_run()
+    print("RUN", run.info.run_id, flush=True)
+    return 3
+"""
+
+
+@pytest.mark.skipif(
+    sys.version_info < (3, 12),
+    reason="an exit through a sys.exit bound before install() is seen from 3.12 on",
+)
+def test_a_console_scripts_sys_exit_of_what_main_returns_is_the_ending(
+    store: Store, tmp_path: Path
+) -> None:
+    """A console script (what pip writes for an entry point) ends with ``sys.exit(main())``,
+    ``sys.exit`` looked up before ``main()`` installs lifeguard; ``main()`` returns 3. The process
+    exits 3, and the run says so (``sys.monitoring`` sees the call). Seen: FINISHED, exit code
+    0."""
+    for on in (False, True):
+        (tmp_path / str(on)).mkdir()
+        write(tmp_path / str(on) / "cli.py", MAIN_RETURNS, on)
+        (tmp_path / str(on) / "tool.py").write_text(CONSOLE_SCRIPT)
+    results = {
+        on: subprocess.run(
+            [sys.executable, str(tmp_path / str(on) / "tool.py")],
+            env=child_env(store),
+            capture_output=True,
+            text=True,
+            timeout=CHILD_TIMEOUT,
+        )
+        for on in (False, True)
+    }
+    assert results[True].returncode == results[False].returncode == 3, results[True].stderr
+    assert results[True].stderr == results[False].stderr
+    run = store.run(run_id_in(results[True].stdout))
+    assert run.info.status == "FAILED", run.data.tags
+    assert run.data.tags["lifeguard.exit_code"] == "3"
+
+
 # -- an exit the program caught, then `raise SystemExit(main())` ---------------------------------
 
 CAUGHT_THEN_RAISE_SYSTEMEXIT = """
