@@ -39,7 +39,7 @@ import time
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import logging
-    from collections.abc import Callable, Sequence
+    from collections.abc import Sequence
 
     from lifeguard.guardian import rest
     from lifeguard.guardian.sqlitestore import SqliteStore
@@ -59,10 +59,6 @@ INSTALL_ATTEMPT = 30.0
 ATTEMPT = 5.0
 # The pauses between rounds: doubling from the first, never more than the last.
 BACKOFF = (0.25, 5.0)
-# Where the one line goes when the program's stderr was a pipe (see lifeguard.lastgasp).
-LOG_NAME = "replayer.log"
-# That file is cut when it grows past this: one line per replayer that gave up.
-LOG_LIMIT = 256 * 1024
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -214,6 +210,8 @@ def _logger(directory: str) -> logging.Logger:
     global _out
     logging.raiseExceptions = False  # a closed terminal must not turn one line into a traceback
     log = logger()
+    from lifeguard.guardian.logfile import LOG_NAME, FileLog
+
     stream = FileLog(os.path.join(directory, LOG_NAME)) if _stderr_is_devnull() else sys.stderr
     _out = logging.StreamHandler(stream)
     if stream is not sys.stderr:
@@ -225,57 +223,6 @@ def _logger(directory: str) -> logging.Logger:
     log.propagate = False
     log.setLevel(logging.WARNING)
     return log
-
-
-def log_to_the_journal_directory() -> None:
-    """From now on lifeguard's warnings and errors in this process go to ``replayer.log`` in
-    the journal directory (made, private, at the first line), and nowhere else: for a guardian
-    that let go of the program's stderr (a pipe, whose reader waits for its end of file)."""
-    import logging
-
-    from lifeguard._log import logger
-    from lifeguard.journal import Journal
-
-    journal = Journal()
-    handler = logging.StreamHandler(
-        FileLog(os.path.join(journal.directory, LOG_NAME), ensure=journal.ensure)
-    )
-    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%Y-%m-%dT%H:%M:%S%z"))
-    handler.setLevel(logging.WARNING)
-    log = logger()
-    log.addHandler(handler)
-    log.propagate = False
-
-
-class FileLog:
-    """``replayer.log``, opened at the first line only (0600, never through a symlink, in the
-    private journal directory, which ``ensure`` makes if given), cut when it has grown past
-    :data:`LOG_LIMIT`."""
-
-    def __init__(self, path: str, ensure: Callable[[], object] | None = None) -> None:
-        self.path = path
-        self._ensure = ensure
-
-    def write(self, text: str) -> int:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
-        try:
-            if self._ensure is not None:
-                self._ensure()
-                self._ensure = None
-            fd = os.open(self.path, flags, 0o600)
-        except OSError:
-            return 0
-        try:
-            if os.fstat(fd).st_size > LOG_LIMIT:
-                os.ftruncate(fd, 0)
-            return os.write(fd, text.encode())
-        except OSError:
-            return 0
-        finally:
-            os.close(fd)
-
-    def flush(self) -> None:
-        pass
 
 
 def _wait_for_exits(writer: int, fds: Sequence[int], give_up: float) -> bool:

@@ -589,7 +589,7 @@ def _let_go_of_the_programs_stderr() -> None:
 
     if not a_reader_waits_on(2):
         return
-    from lifeguard.guardian.replay import log_to_the_journal_directory
+    from lifeguard.guardian.logfile import log_to_the_journal_directory
 
     log_to_the_journal_directory()
     null = os.open(os.devnull, os.O_WRONLY)
