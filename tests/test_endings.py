@@ -51,7 +51,7 @@ def write(path: Path, code: str, lifeguard_on: bool) -> Path:
 def on_a_terminal(argv: list[str], env: dict[str, str], leave: bytes = b"\x04") -> tuple[str, int]:
     """Run ``argv`` on a pty as a person would: wait for the REPL's prompt, type a statement
     and wait for its answer, leave (Ctrl-D, or the keys given). (output, exit status)."""
-    return typed(argv, env, [(b"print(40 + 2)\r", b"42\r\n"), (leave, None)])
+    return typed(argv, env, [(b"print(40 + 2)\r", b"42\r\n>>> "), (leave, None)])
 
 
 def typed(
