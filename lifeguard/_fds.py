@@ -8,7 +8,7 @@ program finds fds 3, 4, ... where they would be without lifeguard.
 
 from __future__ import annotations
 
-__all__ = ["out_of_the_way", "pipe"]
+__all__ = ["a_reader_waits_on", "out_of_the_way", "pipe"]
 
 
 def out_of_the_way(fd: int) -> int:
@@ -35,3 +35,18 @@ def pipe() -> tuple[int, int]:
 
     read_fd, write_fd = os.pipe()
     return out_of_the_way(read_fd), out_of_the_way(write_fd)
+
+
+def a_reader_waits_on(fd: int) -> bool:
+    """Whether a copy of ``fd`` held open keeps someone waiting: a pipe, FIFO or socket, whose
+    reader (``| tee``, ``subprocess.run(capture_output=True)``, a launcher) gets its end of file
+    only once every writer has closed it. Not a regular file or a character device (a terminal,
+    /dev/null), which nobody waits on. An fd that cannot be read: no (nothing to let go of)."""
+    import os
+    import stat
+
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISCHR(mode))

@@ -29,6 +29,8 @@ _registry = Registry()
 _builtin_handles: list[Handle] = []
 _fork_hook_registered = False
 _faulthandler_ours = False
+# The lifecycle install_at_start() set up, while the program has not called install() itself.
+_installed_at_start: Lifecycle | None = None
 # The pid of the journal replayer install() started, if the journal had anything.
 replay_pid: int | None = None
 # In a forked child: the runs that were on MLflow's active-run stacks when it was forked. They
@@ -49,10 +51,17 @@ def is_installed() -> bool:
 
 
 def install(**options: object) -> None:
+    global _installed_at_start
     parsed = Options.from_kwargs(options)
     with _lock:
         existing = current()
         if existing is not None and existing.phase != Phase.UNINSTALLED:
+            if existing is _installed_at_start:
+                # The program's own call, after `lifeguard run` installed on its behalf.
+                _installed_at_start = None
+                if existing.options != parsed and existing.phase == Phase.INSTALLED:
+                    _install_again(options)
+                return
             if existing.options != parsed:
                 from lifeguard._log import logger
 
@@ -75,6 +84,7 @@ def install(**options: object) -> None:
         # Raises (wrong thread) before any state changes.
         lifecycle.hooks.install(parsed.signals)
         _lifecycle.set_current(lifecycle)
+        lifecycle.hooks.see_the_program()
         _connect_guardian(lifecycle)
         _replay_journal_in_background()
         if not _builtin_handles:
@@ -85,6 +95,31 @@ def install(**options: object) -> None:
             from lifeguard.backends.mlflow.heartbeat import start_for
 
             start_for(parsed.heartbeat)
+
+
+def install_at_start() -> None:
+    """``install()`` at interpreter start, on behalf of a program run by ``lifeguard run``
+    (lifeguard._autoboot), with the options of the environment. The program's own ``install(...)``
+    then has the last word: its options replace these, as if it had been first."""
+    global _installed_at_start
+    with _lock:
+        install()
+        _installed_at_start = current()
+
+
+def _install_again(options: dict[str, object]) -> None:
+    """The program's own ``install(...)`` over the one made at start on its behalf: the same
+    hooks, with its options. Runs it attached to through ``MLFLOW_RUN_ID`` (which MLflow takes
+    out of the environment when it attaches) stay its to leave alone."""
+    before = current()
+    attached: frozenset[str] = getattr(
+        getattr(before, "mlflow_finalizer", None), "attached", frozenset()
+    )
+    uninstall()
+    install(**options)
+    finalizer = getattr(current(), "mlflow_finalizer", None)
+    if finalizer is not None:
+        finalizer.attached = finalizer.attached | attached
 
 
 def _register_builtins(options: Options, lifecycle: Lifecycle) -> None:

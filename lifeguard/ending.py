@@ -81,7 +81,8 @@ class Event:
 
         if self.exception is not None:
             return Outcome.raised(self.exception, at=self.time)
-        return Outcome.exited(self.code, at=self.time)
+        bottom = self.frames[-1] if self.frames else None
+        return Outcome.exited(self.code, at=self.time, zero_or_one=_status_made_0_or_1(bottom))
 
     def ended_the_program(self) -> bool:
         """At exit: whether this event is how the program ended."""
@@ -131,13 +132,47 @@ def stack(frame: FrameType) -> list[FrameType]:
 
 def at_top_level(frame: FrameType) -> bool:
     """Whether ``frame`` is the bottom of the main thread's stack as the interpreter runs a
-    program: a module's code (a script, ``-c``, a REPL statement) or runpy's (``-m``). Not an
-    exit hook (atexit calls it from C, with nothing under it)."""
+    program: a module's code (a script, ``-c``, a REPL statement), runpy's (``-m``, and 3.13's
+    REPL in some versions) or 3.13's REPL called by the interpreter itself (the one ``python
+    -i`` opens). Not an exit hook (atexit calls it from C, with nothing under it)."""
     if frame.f_back is not None:
         return False
     code = frame.f_code
-    return code.co_name == "<module>" or (
-        code.co_name == "_run_module_as_main" and frame.f_globals.get("__name__") == "runpy"
+    return code.co_name == "<module>" or _called_by_the_interpreter(frame)
+
+
+def _called_by_the_interpreter(frame: FrameType) -> bool:
+    name = frame.f_code.co_name
+    module = frame.f_globals.get("__name__")
+    return (name == "_run_module_as_main" and module == "runpy") or (
+        name == "interactive_console" and module == "_pyrepl.main"
+    )
+
+
+# CPython versions whose plain REPL, started through runpy, made every exit status but 0 into 1
+# (``return (run != 0)`` in Modules/main.c's pymain_run_stdin, fixed in 3.13.3 and 3.14.0a7).
+_RUN_STDIN_MAKES_0_OR_1 = (3, 13) <= sys.version_info < (3, 13, 3) or (
+    sys.version_info[:3] == (3, 14, 0)
+    and sys.version_info.releaselevel == "alpha"
+    and sys.version_info.serial < 7
+)
+
+
+def _status_made_0_or_1(bottom: FrameType | None) -> bool:
+    """Whether the interpreter turns the status of an exit that left ``bottom`` into 0 or 1,
+    as 3.13's new REPL does where C calls it and keeps only ``run != 0``: the REPL that ``python
+    -i`` or PYTHONINSPECT opens after the script (``interactive_console(pythonstartup=True)``:
+    every 3.13 and 3.14 seen), and the plain REPL through runpy before the fix above. There,
+    ``exit(3)`` exits 1."""
+    if bottom is None or bottom.f_back is not None or not _called_by_the_interpreter(bottom):
+        return False
+    local = bottom.f_locals
+    if bottom.f_code.co_name == "interactive_console":
+        return bool(local.get("pythonstartup"))
+    return (
+        _RUN_STDIN_MAKES_0_OR_1
+        and local.get("mod_name") in ("_pyrepl", "_pyrepl.__main__")
+        and not local.get("alter_argv", True)
     )
 
 
@@ -216,15 +251,34 @@ def final(noted: list[Event]) -> Event | None:
         event = Event.of_exception(last, last.__traceback__)
         if event.ended_the_program():
             return event
-    return None
+    return _passed_on_by_the_runner(noted)
+
+
+def _passed_on_by_the_runner(noted: list[Event]) -> Event | None:
+    """The program's last exit, when a runner under the program's top level caught it and then
+    ended the process through an exit no hook saw (coverage catches the program's SystemExit,
+    returns its code from ``main()``, and its console script's ``sys.exit(main())`` was bound
+    before install(): before 3.12 nothing sees that call). Also the exit coverage itself calls
+    after printing the program's uncaught exception (``sys.exit(1)``)."""
+    toplevel = sys.modules.get("lifeguard.toplevel")
+    if toplevel is None or not toplevel.ended_at_a_call():
+        return None
+    exits = [event for event in noted if event.exception is None]
+    if not exits:
+        return None
+    last = exits[-1]
+    catcher = next((frame for frame in last.frames if _returned(frame)), None)
+    return last if catcher is not None and toplevel.caught_by_the_runner(catcher) else None
 
 
 def returned() -> Outcome:
-    """The outcome of a program that no event ended: a return, exit 0. A bare
-    ``raise SystemExit(n)`` also lands here: invisible in-process on 3.11 (docs/limitations.md);
-    ``lifeguard run`` knows the real status, hence "assumed"."""
+    """The outcome of a program that no event ended: exit 0. Known for sure when the program's
+    top level returned (lifeguard.toplevel); otherwise "assumed": a bare ``raise SystemExit(n)``
+    lands here too, invisible in-process (docs/limitations.md), and ``lifeguard run``, which
+    knows the real status, is asked."""
     from lifeguard.outcome import Outcome
 
     outcome = Outcome.exited(0)
-    outcome.assumed = True
+    toplevel = sys.modules.get("lifeguard.toplevel")
+    outcome.assumed = toplevel is None or not toplevel.returned()
     return outcome

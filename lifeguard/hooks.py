@@ -102,6 +102,14 @@ class ProcessHooks:
                 self._saved_quitters[name] = original
                 setattr(builtins, name, _Quitter(original, self))
 
+    def see_the_program(self) -> None:
+        """Keep the program's top level in view (lifeguard.toplevel): how it ended is read from
+        it at exit, and from 3.12 on an exit through a ``sys.exit`` bound before install() is
+        noted as any other. Once per process; cheap after that."""
+        from lifeguard import toplevel
+
+        toplevel.note(self.noting_exit, self._saved_exit)
+
     def watch_os_exit(self) -> None:
         """With a guardian listening: tell it the code before ``os._exit`` ends the process
         without any hook. Nothing else about os._exit changes; no finalizer runs."""
@@ -134,6 +142,9 @@ class ProcessHooks:
                 setattr(builtins, name, original)
         if is_main_thread():
             self.signals.restore()
+        toplevel = sys.modules.get("lifeguard.toplevel")
+        if toplevel is not None:
+            toplevel.stop_watching()
 
     def move_atexit_to_front(self) -> None:
         """atexit runs last-registered-first. Re-registering puts our hook ahead of any hook
@@ -162,7 +173,11 @@ class ProcessHooks:
                 self.signals.die_if_ending()
                 from lifeguard.ending import shown_and_carried_on
 
-                if not shown_and_carried_on(tb, sys._getframe(0).f_back):
+                # A SystemExit handed to the excepthook is printed, not exited with: the REPL
+                # that `python -i` or PYTHONINSPECT opens after the script shows it.
+                if isinstance(value, SystemExit) or not shown_and_carried_on(
+                    tb, sys._getframe(0).f_back
+                ):
                     lifecycle.note_exception(value, tb)
                 self.move_atexit_to_front()
         finally:

@@ -216,12 +216,12 @@ def start_replayer(
 
 
 def _stderr_is_kept() -> bool:
-    """Whether the replayer may keep the program's stderr: a regular file or a character device
-    (a terminal, /dev/null), never a pipe, FIFO or socket, whose reader waits for its end."""
-    import stat
+    """Whether the replayer may keep the program's stderr: open, and nobody waits on it (a file,
+    a terminal, /dev/null; never a pipe, FIFO or socket: see lifeguard._fds)."""
+    from lifeguard._fds import a_reader_waits_on
 
     try:
-        mode = os.fstat(2).st_mode
+        os.fstat(2)
     except OSError:
         return False
-    return stat.S_ISREG(mode) or stat.S_ISCHR(mode)
+    return not a_reader_waits_on(2)

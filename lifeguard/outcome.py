@@ -56,13 +56,15 @@ def signal_name(signum: int) -> str:
 _LONG_MIN, _LONG_MAX = -sys.maxsize - 1, sys.maxsize
 
 
-def exit_code_of(code: object) -> int:
+def exit_code_of(code: object, *, zero_or_one: bool = False) -> int:
     """The exit status a process really gets from ``sys.exit(code)`` / ``SystemExit(code)``.
 
     CPython's rules (``_Py_HandleSystemExit``), checked against the interpreter by the tests:
     ``None`` is 0; an ``int`` (bool and int subclasses included, ``__index__`` not) is converted
     to a C long, -1 on overflow; anything else is printed to stderr and the status is 1. The
     kernel then keeps the low 8 bits: ``sys.exit(256)`` exits 0 and ``sys.exit(-1)`` exits 255.
+    ``zero_or_one``: where the interpreter keeps only whether that C int (the long's low 32
+    bits) is 0 (3.13's REPL, see ``lifeguard.ending``): 0, else 1.
     """
     if code is None:
         return 0
@@ -70,6 +72,8 @@ def exit_code_of(code: object) -> int:
         value = int.__int__(code)  # the stored value, as C reads it: no subclass __int__
         if not _LONG_MIN <= value <= _LONG_MAX:
             value = -1
+        if zero_or_one:
+            return int(value & 0xFFFFFFFF != 0)
         return value & 0xFF
     return 1
 
@@ -166,10 +170,13 @@ class Outcome:
     # -- constructors -------------------------------------------------------------------------
 
     @classmethod
-    def exited(cls, code: object = 0, *, at: float | None = None) -> Outcome:
+    def exited(
+        cls, code: object = 0, *, at: float | None = None, zero_or_one: bool = False
+    ) -> Outcome:
         """``sys.exit(code)``: the exit code is the status the process really exits with, so
-        ``sys.exit(256)`` is FINISHED (it exits 0) and the reason says what was asked for."""
-        status = exit_code_of(code)
+        ``sys.exit(256)`` is FINISHED (it exits 0) and the reason says what was asked for.
+        ``zero_or_one``: see :func:`exit_code_of`."""
+        status = exit_code_of(code, zero_or_one=zero_or_one)
         if code is None:
             message = None
         elif isinstance(code, int):

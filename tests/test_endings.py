@@ -15,6 +15,7 @@ import os
 import pty
 import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from lifeguard.demo import ChildError, run_child
-from tests.conftest import CHILD_TIMEOUT, Store, child_env, shows_lifeguard, sweep
+from tests.conftest import CHILD_TIMEOUT, REPO, Store, child_env, shows_lifeguard, sweep
 
 pytestmark = pytest.mark.slow
 
@@ -47,9 +48,18 @@ def write(path: Path, code: str, lifeguard_on: bool) -> Path:
 # -- an interactive session started by PYTHONINSPECT -------------------------------------------
 
 
-def on_a_terminal(argv: list[str], env: dict[str, str]) -> tuple[str, int]:
+def on_a_terminal(argv: list[str], env: dict[str, str], leave: bytes = b"\x04") -> tuple[str, int]:
     """Run ``argv`` on a pty as a person would: wait for the REPL's prompt, type a statement
-    and wait for its answer, press Ctrl-D. (output, exit status). Every wait is bounded."""
+    and wait for its answer, leave (Ctrl-D, or the keys given). (output, exit status)."""
+    return typed(argv, env, [(b"print(40 + 2)\r", b"42\r\n>>> "), (leave, None)])
+
+
+def typed(
+    argv: list[str], env: dict[str, str], steps: list[tuple[bytes, bytes | None]]
+) -> tuple[str, int]:
+    """Run ``argv`` on a pty: wait for the REPL's first prompt, then for each step type its
+    keys and wait for its marker in the output that follows (None: read to the end). (output,
+    exit status). Every wait is bounded."""
     pid, fd = pty.fork()
     if pid == 0:  # the child
         os.execve(argv[0], argv, env)
@@ -68,17 +78,25 @@ def on_a_terminal(argv: list[str], env: dict[str, str]) -> tuple[str, int]:
                 except OSError:  # EIO: the child closed the pty
                     data = b""
                 if not data:
+                    if done is not _never:
+                        raise EOFError(bytes(out).decode(errors="replace"))
                     return
                 out.extend(data)
 
     wait_for(lambda: b">>> " in out)
-    os.write(fd, b"print(40 + 2)\r")
-    wait_for(lambda: b"42\r\n>>> " in out)
-    os.write(fd, b"\x04")
-    wait_for(lambda: False)
+    for keys, marker in steps:
+        mark = len(out)
+        os.write(fd, keys)
+        if marker is not None:
+            wait_for(lambda: marker in out[mark:])  # noqa: B023 - used before the next step
+    wait_for(_never)
     _, status = os.waitpid(pid, 0)
     os.close(fd)
     return bytes(out).decode(errors="replace"), os.waitstatus_to_exitcode(status)
+
+
+def _never() -> bool:
+    return False
 
 
 INSPECTED = """
@@ -125,6 +143,230 @@ def test_a_session_pythoninspect_opened_after_an_error_ends_as_without_lifeguard
     run = store.run(run_id_in(with_))
     assert run.info.status == "FINISHED", run.data.tags
     assert not shows_lifeguard(with_)
+
+
+# -- an exit the REPL shows after the script; 3.13's new REPL ----------------------------------
+
+EXIT_SHOWN = """
+import sys
+{install}
+import mlflow
+run = mlflow.start_run()
+print("RUN", run.info.run_id, flush=True)
+sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("how", ["python -i", "PYTHONINSPECT=1"])
+@pytest.mark.parametrize("leave", [b"\x04", b"exit()\r"], ids=["ctrl-d", "exit()"])
+def test_an_exit_the_repl_shows_after_the_script_is_not_the_ending(
+    store: Store, tmp_path: Path, how: str, leave: bytes
+) -> None:
+    """``python -i train.py`` (or PYTHONINSPECT) where the script calls ``sys.exit(3)``: the
+    interpreter prints the SystemExit and opens the REPL, and the person leaves it with Ctrl-D
+    or ``exit()``. Without lifeguard: exit 0, FINISHED (MLflow's own hook). Seen: exit 0, and
+    the run FAILED with "exit code 3"."""
+    env = child_env(store, TERM="dumb", PYTHON_BASIC_REPL="1", HOME=str(tmp_path))
+    flags = ["-i"] if how == "python -i" else []
+    if how.startswith("PYTHONINSPECT"):
+        env["PYTHONINSPECT"] = "1"
+    results = {}
+    for on in (False, True):
+        (tmp_path / str(on)).mkdir()
+        program = write(tmp_path / str(on) / "train.py", EXIT_SHOWN, on)
+        output, code = on_a_terminal([sys.executable, *flags, str(program)], env, leave)
+        results[on] = output.replace(str(tmp_path / str(on)), "DIR"), code
+    (without, code_without), (with_, code_with) = results[False], results[True]
+    assert code_without == 0, without
+    assert code_with == code_without, with_
+    run_id = run_id_in(with_)
+    assert with_.replace(run_id, "ID") == without.replace(run_id_in(without), "ID")
+    run = store.run(run_id)
+    assert run.info.status == "FINISHED", run.data.tags
+    assert run.data.tags["lifeguard.reason"] == "exit code 0"
+
+
+def python_with_the_new_repl() -> str:
+    """An interpreter with 3.13's new REPL: this one, else a python3.13 on PATH or pyenv's."""
+    if sys.version_info >= (3, 13):
+        return sys.executable
+    pyenv = sorted(Path("~/.pyenv/versions").expanduser().glob("3.13.*/bin/python3.13"))
+    found = str(pyenv[-1]) if pyenv else shutil.which("python3.13")
+    if found is None:
+        pytest.skip("no python3.13 here for 3.13's new REPL (CI's tox -e py313 has one)")
+    return found
+
+
+RECORD = (
+    "lifeguard.register(lambda o: open({path!r}, 'w').write(f'{{o.status.value}} {{o.exit_code}}'))"
+)
+
+NEW_REPL_SCRIPT = """
+import sys
+{install}
+{record}
+{mlflow}
+print("READY", flush=True)
+sys.exit(3)
+"""
+
+WITH_MLFLOW = 'import mlflow; run = mlflow.start_run(); print("R" + "UN", run.info.run_id)'
+
+NEW_REPL_CASES = {
+    # (argv after the interpreter, keys typed at the prompt), the script exiting 3 under -i.
+    "python -i: the script's exit shown, Ctrl-D": (["-i", "SCRIPT"], [b"\x04"]),
+    "python -i: the script's exit shown, exit()": (["-i", "SCRIPT"], [b"exit()\r"]),
+    "python -i: the script's exit shown, exit(3)": (["-i", "SCRIPT"], [b"exit(3)\r"]),
+    "the REPL: exit(3)": (["-q"], [b"exit(3)\r"]),
+}
+
+
+@pytest.mark.parametrize("case", list(NEW_REPL_CASES))
+def test_the_new_repl_ends_with_the_status_the_process_exits_with(
+    store: Store, tmp_path: Path, case: str
+) -> None:
+    """3.13's new REPL (Python code, its own frames, called by the interpreter itself): an exit
+    it showed after the script is not the ending (Ctrl-D, ``exit()``: exit 0, FINISHED), and the
+    recorded exit code is the status the process really exits with: 3.13's REPL turns every
+    status but 0 into 1 (``exit(3)`` exits 1), and the run said 3. Run in the real REPL on a
+    pty; with mlflow where this interpreter has it (tox -e py313), else with a finalizer of the
+    test's own that records the outcome the runs would be ended with."""
+    python = python_with_the_new_repl()
+    has_mlflow = python == sys.executable
+    env = child_env(store) if has_mlflow else dict(_plain_env(), PYTHONPATH=str(REPO))
+    env.update(TERM="xterm", HOME=str(tmp_path), NO_COLOR="1")
+    env.pop("PYTHON_BASIC_REPL", None)
+    args, keys = NEW_REPL_CASES[case]
+    record = tmp_path / "outcome.txt"
+    results = {}
+    for on in (False, True):
+        install = "import lifeguard; lifeguard.install()" if on else ""
+        recorder = RECORD.format(path=str(record)) if on else ""
+        mlflow = WITH_MLFLOW if has_mlflow else ""
+        steps: list[tuple[bytes, bytes | None]] = []
+        if "SCRIPT" in args:
+            script = tmp_path / f"script-{on}.py"
+            script.write_text(
+                NEW_REPL_SCRIPT.format(install=install, record=recorder, mlflow=mlflow)
+            )
+            argv = [python, *(str(script) if a == "SCRIPT" else a for a in args)]
+        else:
+            argv = [python, *args]
+            line = "; ".join(filter(None, [install, recorder, mlflow, "print('IN' + 'STALLED')"]))
+            steps.append((line.encode() + b"\r", b"INSTALLED"))
+        steps += [(key, None) for key in keys]
+        results[on] = typed(argv, env, steps)
+    (_, code_without), (with_, code_with) = results[False], results[True]
+    assert code_with == code_without, with_
+    status, exit_code = record.read_text().split()
+    assert int(exit_code) == code_with, (case, with_)
+    assert status == ("FINISHED" if code_with == 0 else "FAILED")
+    if has_mlflow:
+        run = store.run(run_id_in(with_))
+        assert run.info.status == status, run.data.tags
+        assert run.data.tags["lifeguard.exit_code"] == exit_code
+
+
+def _plain_env() -> dict[str, str]:
+    """This environment without lifeguard's, MLflow's and Python's own variables: for another
+    interpreter, which must not read this one's."""
+    prefixes = ("LIFEGUARD_", "MLFLOW_", "PYTHON", "VIRTUAL_ENV")
+    return {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
+
+
+# -- an exit through a sys.exit bound before install(): coverage, console scripts ---------------
+
+UNDER_A_RUNNER = """
+import sys
+{install}
+import mlflow
+run = mlflow.start_run()
+print("RUN", run.info.run_id, flush=True)
+ENDING
+"""
+
+
+@pytest.mark.parametrize(
+    ("ending", "code"), [("sys.exit(3)", 3), ("raise ValueError('loss is NaN')", 1)]
+)
+def test_under_coverage_the_run_records_the_exit_code_the_process_exits_with(
+    store: Store, tmp_path: Path, ending: str, code: int
+) -> None:
+    """``coverage run train.py``: coverage catches the program's SystemExit (or prints its
+    uncaught exception and calls ``sys.exit(1)``), returns the code from ``main()``, and its
+    console script exits through ``sys.exit(main())``, looked up before the script ran
+    ``install()``. The process exits 3 (or 1); the run must say so. Seen: FINISHED, "exit code
+    0", both ways."""
+    coverage = Path(sys.executable).parent / "coverage"
+    results = {}
+    for on in (False, True):
+        program = write(tmp_path / f"train-{on}.py", UNDER_A_RUNNER.replace("ENDING", ending), on)
+        results[on] = subprocess.run(
+            [str(coverage), "run", f"--data-file={tmp_path / f'coverage-{on}'}", str(program)],
+            env=child_env(store),
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=CHILD_TIMEOUT,
+        )
+    without, with_ = results[False], results[True]
+    assert without.returncode == code, without.stderr
+    assert with_.returncode == code, with_.stderr
+    assert with_.stderr.replace("train-True", "train") == without.stderr.replace(
+        "train-False", "train"
+    )
+    run = store.run(run_id_in(with_.stdout))
+    assert run.info.status == "FAILED", run.data.tags
+    assert run.data.tags["lifeguard.exit_code"] == str(code)
+
+
+CONSOLE_SCRIPT = """
+import sys
+from cli import main
+if __name__ == "__main__":
+    sys.exit(main())
+"""
+
+MAIN_RETURNS = """
+def main():
+    {install}
+    import mlflow
+    run = mlflow.start_run()
+    print("RUN", run.info.run_id, flush=True)
+    return 3
+"""
+
+
+@pytest.mark.skipif(
+    sys.version_info < (3, 12),
+    reason="an exit through a sys.exit bound before install() is seen from 3.12 on",
+)
+def test_a_console_scripts_sys_exit_of_what_main_returns_is_the_ending(
+    store: Store, tmp_path: Path
+) -> None:
+    """A console script (what pip writes for an entry point) ends with ``sys.exit(main())``,
+    ``sys.exit`` looked up before ``main()`` installs lifeguard; ``main()`` returns 3. The process
+    exits 3, and the run says so (``sys.monitoring`` sees the call). Seen: FINISHED, exit code
+    0."""
+    for on in (False, True):
+        (tmp_path / str(on)).mkdir()
+        write(tmp_path / str(on) / "cli.py", MAIN_RETURNS, on)
+        (tmp_path / str(on) / "tool.py").write_text(CONSOLE_SCRIPT)
+    results = {
+        on: subprocess.run(
+            [sys.executable, str(tmp_path / str(on) / "tool.py")],
+            env=child_env(store),
+            capture_output=True,
+            text=True,
+            timeout=CHILD_TIMEOUT,
+        )
+        for on in (False, True)
+    }
+    assert results[True].returncode == results[False].returncode == 3, results[True].stderr
+    assert results[True].stderr == results[False].stderr
+    run = store.run(run_id_in(results[True].stdout))
+    assert run.info.status == "FAILED", run.data.tags
+    assert run.data.tags["lifeguard.exit_code"] == "3"
 
 
 # -- an exit the program caught, then `raise SystemExit(main())` ---------------------------------

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import json
+import os
+import select
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from lifeguard import demo
-from tests.conftest import Scenario, Store, wait_gone
+from lifeguard.demo import proc_stat
+from tests.conftest import CHILD_TIMEOUT, Scenario, Store, _base_env, wait_gone
+from tests.servers import FaultProxy, MlflowServer
 
 pytestmark = pytest.mark.slow
 
@@ -104,3 +112,72 @@ def test_a_store_locked_at_the_death_is_waited_for_within_the_deadline(
     assert run.info.status == "KILLED"
     assert run.info.end_time is not None and run.info.end_time <= died
     assert run.data.tags["lifeguard.ended_by"] == "watchdog"
+
+
+WATCHED = """
+import json, os, time
+import lifeguard
+lifeguard.install(watchdog=True, deadline=15)
+import mlflow
+run = mlflow.start_run()
+ready = {"run_id": run.info.run_id, "pid": os.getpid(), "watchdog": lifeguard.watchdog_pid()}
+print("LIFEGUARD-READY " + json.dumps(ready), flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_watchdog_lets_go_of_the_programs_stderr_at_its_death(
+    mlflow_server: MlflowServer, tmp_path: Path
+) -> None:
+    """Output read through a pipe (``| tee``, ``subprocess.run(capture_output=True)``): the
+    reader's end of file comes when the program dies, as without lifeguard, not once the
+    watchdog is done ending its runs. Here the server swallows every request from the death on,
+    so the watchdog works for its whole deadline (15 s); the end of file must come while it
+    still works. Seen: 10 s after a SIGKILL, when the watchdog exited. What it has to say (it
+    cannot search the server) goes to the journal directory's log."""
+    proxy = FaultProxy(mlflow_server.port)
+    journal = tmp_path / "journal"
+    env = dict(_base_env(), MLFLOW_TRACKING_URI=proxy.uri, LIFEGUARD_JOURNAL_DIR=str(journal))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WATCHED],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    watchdog = None
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        line = proc.stdout.readline().decode()
+        assert line.startswith("LIFEGUARD-READY "), line + proc.stderr.read().decode()
+        ready = json.loads(line.split(" ", 1)[1])
+        watchdog = ready["watchdog"]
+        proxy.mode = "blackhole"
+        os.kill(ready["pid"], signal.SIGKILL)
+        assert proc.wait(CHILD_TIMEOUT) == -signal.SIGKILL
+        said = _read_to_the_end(proc.stderr.fileno())
+        still = proc_stat(watchdog)
+        assert still is not None and still[0] not in "ZX", "stderr ended only with the watchdog"
+        assert said == b""
+    finally:
+        proc.kill()
+        proc.wait()
+        if watchdog is not None:
+            wait_gone(watchdog, CHILD_TIMEOUT)
+        proxy.close()
+    log = (journal / "replayer.log").read_text()
+    assert "cannot search" in log and str(ready["pid"]) in log, log
+
+
+def _read_to_the_end(fd: int) -> bytes:
+    """Everything left in the pipe ``fd``, up to its end of file (bounded: CHILD_TIMEOUT)."""
+    data = bytearray()
+    give_up = time.monotonic() + CHILD_TIMEOUT
+    while True:
+        left = give_up - time.monotonic()
+        assert left > 0, f"no end of file on the program's stderr: {bytes(data)!r}"
+        if select.select([fd], [], [], left)[0]:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return bytes(data)
+            data.extend(chunk)

@@ -22,6 +22,7 @@ import pytest
 
 from lifeguard.demo import run_child
 from tests.conftest import CHILD_TIMEOUT, Store, child_env
+from tests.servers import MlflowServer
 
 pytestmark = pytest.mark.slow
 
@@ -69,6 +70,47 @@ def test_importing_mlflow_without_a_run_leaves_no_file_and_no_output(
     assert results[True].stderr == results[False].stderr
 
 
+def test_a_start_run_that_mlflow_itself_fails_adds_nothing(tmp_path: Path) -> None:
+    """``python -W error``: MLflow itself cannot open a sqlite store (SQLAlchemy's deprecation
+    warning, an error under ``-W error``), and ``start_run`` raises before any run exists. The
+    program's traceback is MLflow's; lifeguard has no run to end, so it builds no client and
+    prints nothing (it added a second, 40-line traceback from a client built for a search)."""
+    results = {}
+    for on in (False, True):
+        cwd = tmp_path / f"work-{on}"
+        cwd.mkdir()
+        env = bare_env(
+            LIFEGUARD_JOURNAL_DIR=str(tmp_path / "journal"),
+            MLFLOW_TRACKING_URI=f"sqlite:///{cwd / 'mlflow.db'}",
+        )
+        env["PYTHONWARNINGS"] = "error"
+        results[on] = subprocess.run(
+            [sys.executable, "-W", "error", "-c", (INSTALL if on else "") + RUN_AND_PRINT],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=CHILD_TIMEOUT,
+        )
+    without, with_ = results[False], results[True]
+    # The premise: MLflow's own failure, without lifeguard too (a later SQLAlchemy may warn no
+    # more; this test then proves nothing and says so).
+    assert without.returncode == 1 and "Warning" in without.stderr, without.stderr
+    assert with_.returncode == without.returncode
+    assert _without_lines_of_this_file(with_.stderr) == _without_lines_of_this_file(without.stderr)
+    assert "lifeguard" not in with_.stderr
+    assert not (tmp_path / "journal").exists()
+
+
+RUN_AND_PRINT = "import mlflow\nrun = mlflow.start_run()\nprint(run.info.run_id)\n"
+
+
+def _without_lines_of_this_file(stderr: str) -> str:
+    """A traceback without the ``-c`` program's own lines: its first line differs by the
+    install line in front of it."""
+    return "\n".join(line for line in stderr.splitlines() if '"<string>", line' not in line)
+
+
 def test_a_sigterm_with_no_run_leaves_no_file_and_no_output(tmp_path: Path) -> None:
     cwd = tmp_path / "work"
     cwd.mkdir()
@@ -109,6 +151,62 @@ def test_a_run_the_program_ended_itself_needs_nothing_at_exit(store: Store, tmp_
     run = store.run(results[True].stdout.strip())
     assert run.info.status == "FINISHED"
     assert "lifeguard.reason" not in run.data.tags  # MLflow ended it; lifeguard never wrote
+
+
+# -- MLflow's own output at exit ------------------------------------------------------------
+
+LINKED = """
+import os, signal, sys, time
+{install}
+import mlflow
+run = mlflow.start_run(run_name="train")
+print("RUN", run.info.run_id, flush=True)
+print("training", flush=True)
+{ending}
+"""
+
+LINK_ENDINGS = {
+    "returns": "",
+    "sys.exit(3)": "sys.exit(3)",
+    "an exception": "raise RuntimeError('loss is NaN')",
+    "SIGTERM": "os.kill(os.getpid(), signal.SIGTERM); time.sleep(60)",
+}
+
+
+@pytest.mark.parametrize("ending", list(LINK_ENDINGS))
+def test_mlflows_own_links_at_exit_are_printed_as_without_lifeguard(
+    mlflow_server: MlflowServer, tmp_path: Path, ending: str
+) -> None:
+    """A run on a tracking server: at exit, MLflow's own hook prints "🏃 View run train at:
+    URL" and "🧪 View experiment at: URL" on stdout, after the program's output; launchers'
+    and CI logs keep the link to the run. lifeguard ends the run instead of that hook, and the
+    same lines come out, in the same place; none where MLflow prints none (a SIGTERM: its hook
+    never runs). Seen: the lines were gone."""
+    results = {}
+    for on in (False, True):
+        code = LINKED.replace("{install}", INSTALL.strip() if on else "")
+        results[on] = subprocess.run(
+            [sys.executable, "-c", code.replace("{ending}", LINK_ENDINGS[ending])],
+            env=bare_env(
+                MLFLOW_TRACKING_URI=mlflow_server.uri,
+                LIFEGUARD_JOURNAL_DIR=str(tmp_path / "journal"),
+            ),
+            capture_output=True,
+            text=True,
+            timeout=CHILD_TIMEOUT,
+        )
+    without, with_ = results[False], results[True]
+    assert with_.returncode == without.returncode, with_.stderr
+    if ending != "SIGTERM":  # the premise: MLflow prints them
+        assert "🏃 View run train at: " in without.stdout, without.stdout
+    assert _same_run(with_.stdout) == _same_run(without.stdout), with_.stderr
+    assert with_.stderr == without.stderr
+
+
+def _same_run(stdout: str) -> str:
+    """The output with the run's id (and so its URL) made the same for any run."""
+    run_id = stdout.split("RUN ", 1)[1].split()[0]
+    return stdout.replace(run_id, "ID")
 
 
 # -- no home, or a read-only one -------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shlex
 import signal
@@ -427,3 +428,98 @@ def test_the_supervisor_does_not_wait_for_a_guardian_turn(
     assert result.seconds < CHILD_TIMEOUT / 2, result.seconds
     [run_id] = result.ready["run_ids"]
     assert store.status(run_id) == "KILLED"
+
+
+SERVICE = """
+import json
+import mlflow, uvicorn
+
+run = mlflow.start_run()
+
+
+async def app(scope, receive, send):
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+                print("LIFEGUARD-READY " + json.dumps({"run_ids": [run.info.run_id]}), flush=True)
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+uvicorn.run(app, host="127.0.0.1", port=0, log_level="warning")
+"""
+
+
+def test_a_uvicorn_service_stopped_by_ctrl_c_ends_its_own_run(store: Store, tmp_path: Path) -> None:
+    """``lifeguard run -- python service.py``, a real uvicorn serving a small ASGI app, and
+    Ctrl-C (SIGINT to ``lifeguard run``, forwarded): uvicorn shuts down gracefully and the
+    program returns, exit 0, as without lifeguard. The program's own lifeguard knows it
+    returned and ends its run; the supervisor has nothing to do (it imports no mlflow). Seen:
+    ``ended_by=supervisor``, and 9 to 11 s to exit against raw's 2 s, the supervisor's import of
+    mlflow included."""
+    service = tmp_path / "service.py"
+    service.write_text(SERVICE)
+    raw = demo.run_child(
+        [sys.executable, str(service)],
+        env=child_env(store),
+        send=(signal.SIGINT,),
+        timeout=CHILD_TIMEOUT,
+    )
+    supervised = demo.run_child(
+        [sys.executable, "-m", "lifeguard", "run", "--", sys.executable, str(service)],
+        env=child_env(store),
+        send=(signal.SIGINT,),
+        timeout=CHILD_TIMEOUT,
+    )
+    assert supervised.returncode == raw.returncode == 0, supervised.stderr
+    assert supervised.stderr == raw.stderr
+    [run_id] = supervised.ready["run_ids"]  # type: ignore[misc]
+    run = store.run(run_id)
+    assert run.info.status == "FINISHED", run.data.tags
+    assert run.data.tags["lifeguard.reason"] == "exit code 0"
+    assert run.data.tags["lifeguard.ended_by"] == "process"
+
+
+OWN_OPTIONS = """
+import json
+import lifeguard
+lifeguard.install(watchdog=True, deadline=20)
+from lifeguard import api
+import mlflow
+run = mlflow.start_run()
+options = api.current().options
+print("OPTIONS", json.dumps({"deadline": options.deadline, "watchdog": options.watchdog}))
+print("RUN", run.info.run_id)
+"""
+
+
+def test_the_programs_own_install_options_are_honoured_under_lifeguard_run(
+    store: Store, tmp_path: Path
+) -> None:
+    """``lifeguard run -- python train.py`` installs lifeguard at start-up, with the options of
+    the environment; the program then calls ``install(watchdog=True, deadline=20)`` itself.
+    Its explicit options are the ones in force, as if it had been first, and nothing is said
+    (the supervisor is its guardian already: no watchdog is started beside it). Seen: the
+    options dropped, with a 500-character warning on stderr."""
+    program = tmp_path / "train.py"
+    program.write_text(OWN_OPTIONS)
+    done = subprocess.run(
+        [sys.executable, *RUN, str(program)],
+        env=child_env(store),
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    line = next(x for x in done.stdout.splitlines() if x.startswith("OPTIONS "))
+    assert json.loads(line.split(" ", 1)[1]) == {"deadline": 20.0, "watchdog": True}
+    run_id = next(x for x in done.stdout.splitlines() if x.startswith("RUN ")).split()[1]
+    run = store.run(run_id)
+    assert run.info.status == "FINISHED", run.data.tags
+    assert run.data.tags["lifeguard.ended_by"] == "process"

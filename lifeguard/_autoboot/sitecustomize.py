@@ -21,9 +21,9 @@ def _chain_and_install() -> None:
     if os.environ.get("LIFEGUARD_AUTOINSTALL") != "1":
         return
     try:
-        import lifeguard
+        from lifeguard import api
 
-        lifeguard.install()
+        api.install_at_start()
     except Exception as exc:  # noqa: BLE001 - never keep the program from starting
         sys.stderr.write(f"lifeguard: automatic install failed: {exc}\n")
 

@@ -59,10 +59,6 @@ INSTALL_ATTEMPT = 30.0
 ATTEMPT = 5.0
 # The pauses between rounds: doubling from the first, never more than the last.
 BACKOFF = (0.25, 5.0)
-# Where the one line goes when the program's stderr was a pipe (see lifeguard.lastgasp).
-LOG_NAME = "replayer.log"
-# That file is cut when it grows past this: one line per replayer that gave up.
-LOG_LIMIT = 256 * 1024
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -258,7 +254,9 @@ def _logger(directory: str) -> logging.Logger:
     global _out
     logging.raiseExceptions = False  # a closed terminal must not turn one line into a traceback
     log = logger()
-    stream = _FileLog(os.path.join(directory, LOG_NAME)) if _stderr_is_devnull() else sys.stderr
+    from lifeguard.guardian.logfile import LOG_NAME, FileLog
+
+    stream = FileLog(os.path.join(directory, LOG_NAME)) if _stderr_is_devnull() else sys.stderr
     _out = logging.StreamHandler(stream)
     # The logger's name says whose line it is: the program that left it has ended.
     if stream is not sys.stderr:
@@ -272,32 +270,6 @@ def _logger(directory: str) -> logging.Logger:
     log.propagate = False
     log.setLevel(logging.WARNING)
     return log
-
-
-class _FileLog:
-    """``replayer.log``, opened at the first line only (0600, never through a symlink, in the
-    private journal directory), cut when it has grown past :data:`LOG_LIMIT`."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def write(self, text: str) -> int:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
-        try:
-            fd = os.open(self.path, flags, 0o600)
-        except OSError:
-            return 0
-        try:
-            if os.fstat(fd).st_size > LOG_LIMIT:
-                os.ftruncate(fd, 0)
-            return os.write(fd, text.encode())
-        except OSError:
-            return 0
-        finally:
-            os.close(fd)
-
-    def flush(self) -> None:
-        pass
 
 
 def _wait_for_exits(writer: int, fds: Sequence[int], give_up: float) -> bool:

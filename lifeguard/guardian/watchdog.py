@@ -600,6 +600,24 @@ def _deferred_work(
     return work
 
 
+def _let_go_of_the_programs_stderr() -> None:
+    """The program is dead and all it said is read: its stderr is no longer the watchdog's to
+    hold. A pipe held open here (``| tee``, ``subprocess.run(capture_output=True)``) would keep
+    its reader from the end of file for as long as the runs take to end; a file or a terminal,
+    which nobody waits on, stays. What the watchdog has to say then goes to the journal
+    directory's log, as the replayer's does."""
+    from lifeguard._fds import a_reader_waits_on
+
+    if not a_reader_waits_on(2):
+        return
+    from lifeguard.guardian.logfile import log_to_the_journal_directory
+
+    log_to_the_journal_directory()
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    os.close(null)
+
+
 def main(argv: list[str]) -> int:
     read_fd, parent, deadline = int(argv[0]), int(argv[1]), float(argv[2])
     # Our own session already keeps the job's Ctrl-C away; a stray SIGHUP from a closing
@@ -611,6 +629,7 @@ def main(argv: list[str]) -> int:
     pending = evidence.pending()
     if not pending:
         return 0  # the program finalized itself, or never started a run: nothing to import
+    _let_go_of_the_programs_stderr()
     # The program is dead (its pidfd said so). Anyone else who wrote to the channel (none
     # should: a forked child closes it) is ended only if verifiably dead too.
     others, _ = dead_or_unknown(evidence, [pid for pid in pending if pid != parent])

@@ -85,6 +85,9 @@ class OwnerRunContext(RunContextProvider):
         lifecycle = current()
         if lifecycle is not None:
             lifecycle.hooks.move_atexit_to_front()
+            # Installed before the program ran (`lifeguard run`'s start-up): its top level is
+            # on the stack only now.
+            lifecycle.hooks.see_the_program()
             if lifecycle.channel is not None:
                 # The guardian needs the store to look in should this process die unheard,
                 # spelled so that it means the same file from the guardian's cwd.

@@ -115,6 +115,9 @@ class Plan:
         self.defer_to = defer_to
         self.interrupted_a_run_change = False
         self.skip: frozenset[str] = frozenset()
+        # The run MLflow's own exit hook would have ended (the main thread's innermost), and
+        # announced on the way ("View run ... at: ..."), were it still on its stack.
+        self.mlflows_own: str | None = None
 
     @classmethod
     def make(cls, fluent: object, outcome: Outcome, finalizer: MlflowFinalizer) -> Plan:
@@ -159,6 +162,8 @@ class Plan:
                 journal.keep(entry)
         plan = cls(fluent, outcome, entries, main_runs, defer_to, spellings)
         plan.skip = skip
+        if main_stack and any(run is main_stack[-1] for _, run in main_runs):
+            plan.mlflows_own = main_stack[-1].info.run_id  # type: ignore[attr-defined]
         return plan
 
     def carry_out(self) -> object:
@@ -193,6 +198,7 @@ class Plan:
             # a clean return from in here): hand the runs over rather than guess.
             for uri, entries in self._by_store().items():
                 self.defer_to.defer(uri, [e.run_id for e in entries])
+            self._say_what_mlflow_says_at_exit()
             return None
         journal = Journal()
         confirmed = True
@@ -224,7 +230,35 @@ class Plan:
                     client, run_id, self.outcome, ended_by="process", journal=journal
                 )
                 confirmed &= result in (mlflow_runs.ENDED, mlflow_runs.ALREADY_ENDED)
+        self._say_what_mlflow_says_at_exit()
         return None if confirmed else PENDING
+
+    def _say_what_mlflow_says_at_exit(self) -> None:
+        """Without lifeguard, MLflow's exit hook ends the main thread's innermost run, and for a
+        run on a tracking server prints its links on the way ("🏃 View run NAME at: URL",
+        "🧪 View experiment at: URL", on stdout; launchers' and CI logs keep them). lifeguard
+        took that run off the stack and ended it instead: the same lines are printed, by
+        MLflow's own code, at the same moment of the exit. Not when the process dies of a
+        signal (MLflow's hook never runs then), nor at ``lifeguard.finish()``. A failure
+        prints nothing, as MLflow's own would (its request for the run's name fails first)."""
+        run_id = self.mlflows_own
+        if run_id is None or not _exiting() or _dying_of_signal():
+            return
+        uri = next((e.tracking_uri for e in self.entries if e.run_id == run_id), None)
+        if uri is None or uri.startswith(("sqlite:", "file:", "/")):
+            return  # MLflow prints links for a tracking server only
+        try:
+            from mlflow.tracking import MlflowClient
+
+            from lifeguard.backends.mlflow import runs as mlflow_runs
+            from lifeguard.finalizers import time_left
+
+            store = self.stores.get(uri)
+            client = MlflowClient(tracking_uri=store.client_uri() if store else uri)
+            with mlflow_runs.bounded_http(time_left(), quiet=False):
+                client._tracking_client._log_url(run_id)  # type: ignore[no-untyped-call]
+        except Exception as exc:  # noqa: BLE001 - MLflow's internals moved, or the server is gone
+            logger().debug("lifeguard: MLflow's links for run %s not printed: %s", run_id, exc)
 
     def _release_what_blocks_the_writes(self) -> None:
         """An uncaught exception's traceback keeps every frame it passed through alive until the
@@ -316,16 +350,22 @@ def _uncaught() -> BaseException | None:
 
 
 def _raised_in_run_change() -> bool:
-    return _raised_in("start_run", "end_run")
-
-
-def _raised_in(*functions: str) -> bool:
-    """Whether the uncaught exception passed through one of MLflow's fluent ``functions``."""
+    """Whether the uncaught exception may have left a run RUNNING on no stack: it came through
+    ``end_run``, or through ``start_run`` once that had a run in hand (its ``active_run_obj``)
+    or was creating one (a ``create_run`` call under it). A ``start_run`` that failed before
+    (the store could not be opened: a server down, SQLAlchemy's warning under ``python -W
+    error``) left no run, and there is nothing to search for: no client is built, nothing said."""
     exc = _uncaught()
     tb = getattr(exc, "__traceback__", None)
+    in_start_run = False
     while tb is not None:
-        code = tb.tb_frame.f_code
-        if code.co_name in functions and code.co_filename.endswith("fluent.py"):
+        frame = tb.tb_frame
+        code = frame.f_code
+        if code.co_filename.endswith("fluent.py") and code.co_name in ("start_run", "end_run"):
+            if code.co_name == "end_run" or "active_run_obj" in frame.f_locals:
+                return True
+            in_start_run = True
+        elif in_start_run and code.co_name == "create_run":
             return True
         tb = tb.tb_next
     return False

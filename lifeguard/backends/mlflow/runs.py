@@ -85,19 +85,22 @@ def environment(**overrides: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def bounded_http(seconds: float | None) -> Iterator[None]:
+def bounded_http(seconds: float | None, *, quiet: bool = True) -> Iterator[None]:
     """Cut MLflow's HTTP client down for the final calls: no retries (by default 7, with a
     backoff that kept a dead server's end_run going for 247 s) and a timeout that fits the time
-    left. MLflow reads these variables at every call, so setting them here takes effect now."""
+    left. MLflow reads these variables at every call, so setting them here takes effect now.
+    ``quiet=False``: MLflow's own printing of a run's links is left as the program has it (the
+    finalizer prints them, on the way out through atexit, as MLflow's own hook would have)."""
     if seconds is None:
         yield
         return
+    # MLflow prints a "View run" link to stdout when a run ends. A finalizer runs in its own
+    # thread while the main thread may sit, interrupted by the signal, inside a print: that
+    # write would wait on stdout's lock until the deadline. (From a guardian it would also be
+    # output the program never wrote.)
+    quieted = {"MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"} if quiet else {}
     with environment(
-        # MLflow prints a "View run" link to stdout when a run ends. A finalizer runs in its own
-        # thread while the main thread may sit, interrupted by the signal, inside a print: that
-        # write would wait on stdout's lock until the deadline. (From a guardian it would also
-        # be output the program never wrote.)
-        MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT="true",
+        **quieted,
         MLFLOW_HTTP_REQUEST_MAX_RETRIES="0",
         MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR="0",
         # An int, in whole seconds, for MLflow; at least 1 or requests would never connect.
