@@ -340,9 +340,11 @@ def decide(
         return Decision(facts, END, f"{what}, silent for {age:.0f}s", end_time=last)
 
     alive = owner.is_alive()
+    elsewhere = owner.not_local_because()
     if alive is True:
-        return Decision(facts, ALIVE, f"owner pid {owner.pid} is alive on this host")
-    elsewhere = owner.not_local_because() or f"pid {owner.pid} on {owner.host}, out of sight"
+        where = "on this host" if elsewhere is None else "in a PID namespace nested in this one"
+        return Decision(facts, ALIVE, f"owner pid {owner.pid} is alive {where}")
+    elsewhere = elsewhere or f"pid {owner.pid} on {owner.host}, out of sight"
     if alive is None and (facts.heartbeat() is None or facts.heartbeat_interval() == 0):
         return Decision(facts, SKIP, f"owner {elsewhere}, no heartbeat to judge by")
     if quiet_for <= 0:

@@ -291,22 +291,27 @@ def test_owner_tags_rewritten_on_a_live_run_do_not_end_it(
     client.set_tag(program.run_id, forged, value)
     journal = tmp_path / "journal"
     started = time.monotonic()
-    looks = 0
+    verdicts: list[dict[str, str]] = []
     try:
-        while looks < 3 or time.monotonic() - started < 12:
-            decision = sweep_json(sweep(mlflow_server.uri, journal, "--stale-after", "3s"))[
+        # Ten seconds of patience: a 1 s heartbeat on a loaded 2-core machine can be late by a
+        # few seconds; the tags forged here must not shorten that below PROOF_FLOOR.
+        while len(verdicts) < 3 or time.monotonic() - started < 12:
+            decision = sweep_json(sweep(mlflow_server.uri, journal, "--stale-after", "10s"))[
                 program.run_id
             ]
-            looks += 1
-            assert decision["verdict"] == "alive", decision
+            verdicts.append(decision)
+            # Between two beats a look may find the run unchanged ("watch"); never more.
+            assert decision["verdict"] in ("alive", "watch"), decision
             assert status(client, program.run_id) == "RUNNING"
     finally:
         program.kill()
+    # Seen alive after the first look (which always is): by its beats, whatever the forged tag says.
+    assert [d for d in verdicts[1:] if d["verdict"] == "alive"], verdicts
     killed = time.monotonic()
     deadline = killed + POLL
     while status(client, program.run_id) == "RUNNING":
         assert time.monotonic() < deadline, "the dead owner's run was never ended"
-        sweep(mlflow_server.uri, journal, "--stale-after", "3s")
+        sweep(mlflow_server.uri, journal, "--stale-after", "10s")
     assert client.get_run(program.run_id).data.tags["lifeguard.ended_by"] == "sweep"
 
 

@@ -209,7 +209,8 @@ def test_a_trainer_in_its_own_pid_namespace_is_judged_by_its_heartbeat(
     sweeps = Sweeps(server.uri, tmp_path / "journal")
     try:
         sweeps.keep_alive_for(client, [trainer.run_id], STALE + 2)
-        assert "another PID namespace" in sweeps.log[-1][2][trainer.run_id]
+        # Alive, and seen so: its namespace is nested in ours, and the kernel shows its pid 1.
+        assert "alive in a PID namespace nested in this one" in sweeps.log[-1][2][trainer.run_id]
         # What told the sweep: the same boot, another PID namespace.
         assert tags["lifeguard.owner.boot_id"] == Owner.current().boot_id
         assert tags["lifeguard.owner.pid_ns"] != Owner.current().pid_ns
@@ -309,29 +310,55 @@ def test_a_planted_journal_entry_is_never_replayed(
             attacker.close()
 
         # `lifeguard sweep`: the entry names the swept server itself and a live run. Beside it,
-        # an orphan (an earlier process with our pid): ending one makes the sweep read the
+        # an orphan (an earlier process with our pid, beating each second once), already
+        # watched long enough that this sweep ends it: ending one makes the sweep read the
         # journal a second time, which once named the refused directory twice (CI).
         me = Owner.current()
-        earlier = Owner(me.host, me.pid, me.start_time - 3600, me.boot_id, me.pid_ns)
-        orphan = client.create_run("0", tags=earlier.tags()).info.run_id
+        assert me.start_ticks is not None
+        earlier = Owner(
+            me.host, me.pid, me.start_time - 3600, me.boot_id, me.pid_ns,
+            me.start_ticks - 3600 * os.sysconf("SC_CLK_TCK"),
+        )  # fmt: skip
+        beats = {"lifeguard.heartbeat": "1000", "lifeguard.heartbeat.interval": "1"}
+        orphan = client.create_run("0", tags={**earlier.tags(), **beats}).info.run_id
         journal = tmp_path / "swept"
         journal.mkdir(mode=0o700)
+        sweep = [
+            sys.executable, "-m", "lifeguard", "sweep", "--tracking-uri", recorder.uri,
+            "--timeout", "5", "--journal-dir", str(journal), "--json",
+        ]  # fmt: skip
+        env = {**os.environ, "MLFLOW_TRACKING_TOKEN": TOKEN}
+        deadline = time.monotonic() + POLL
+        while True:  # dry runs read the sightings and write nothing: until the orphan is due
+            dry = subprocess.run(
+                [*sweep, "--dry-run"], capture_output=True, text=True, timeout=120, env=env
+            )
+            verdicts = {d["run_id"]: d["verdict"] for d in json.loads(dry.stdout)["decisions"]}
+            if verdicts[orphan] == "end":
+                break
+            assert time.monotonic() < deadline, dry.stderr
+            if not (journal / "sweep.state").exists():  # a first look, kept
+                subprocess.run(sweep, capture_output=True, timeout=120, env=env, check=True)
+        recorder.requests.clear()
         named = PLANTS[kind](journal, victim, planted(victim, recorder.uri))
         started = time.monotonic()
-        swept = subprocess.run(
-            [sys.executable, "-m", "lifeguard", "sweep", "--tracking-uri", recorder.uri,
-             "--timeout", "5", "--journal-dir", str(journal)],
-            capture_output=True, text=True, timeout=120,
-            env={**os.environ, "MLFLOW_TRACKING_TOKEN": TOKEN},
-        )  # fmt: skip
+        swept = subprocess.run(sweep, capture_output=True, text=True, timeout=120, env=env)
         assert time.monotonic() - started < 120
-        assert swept.returncode == 1, swept.stderr
-        [line] = [x for x in swept.stderr.splitlines() if "refusing journal" in x]
-        assert named in line
-        assert not [r for r in recorder.requests if victim in r[1] or victim.encode() in r[3]]
         run = client.get_run(victim)
         assert run.info.status == "RUNNING" and "lifeguard.reason" not in run.data.tags
-        assert client.get_run(orphan).info.status == "KILLED"
+        assert not [r for r in recorder.requests if victim in r[1] or victim.encode() in r[3]]
+        if named == str(journal):
+            # A --journal-dir others can write to, or of another user: a usage error, named
+            # before anything is read or written.
+            assert swept.returncode == 2, swept.stderr
+            assert f"--journal-dir {journal} " in swept.stderr
+            assert recorder.requests == []
+            assert client.get_run(orphan).info.status == "RUNNING"
+        else:
+            assert swept.returncode == 1, swept.stderr
+            [line] = [x for x in swept.stderr.splitlines() if "refusing journal" in x]
+            assert named in line
+            assert client.get_run(orphan).info.status == "KILLED"
     finally:
         recorder.close()
 
