@@ -6,14 +6,12 @@ runs Python again: never, for a main thread stuck in a C call) and writes the si
 uvloop each take it for their loop, uvloop through a function it bound when it was imported, out
 of anyone's reach. So lifeguard leaves it alone.
 
-Instead, for each signal it must hear, faulthandler's user-signal handler (C, safe in a signal
-handler) stands in front of CPython's: at delivery it writes the Python threads' tracebacks to
-that signal's own pipe, then calls CPython's handler (``chain=True``), which trips the
-Python-level handler and writes the program's wakeup fd exactly as without lifeguard. Only the
-arrival of that text counts; the listener reads it and throws it away. Every thread's, not only
-the interrupted one's: that one writes nothing when Python does not know it, and the kernel
-hands a signal sent to the process to any thread when the main thread blocks it (at the start
-of ``os.system``, or for good in a program stuck in a C call that blocked it): a C library's.
+Instead, for each signal it must hear, a C handler of lifeguard's own (``lifeguard._ears``)
+stands in front of CPython's: at delivery it writes one byte to that signal's own pipe, then
+calls CPython's handler, which trips the Python-level handler and writes the program's wakeup fd
+exactly as without lifeguard. It does nothing else: no frame of any thread is read (faulthandler's
+chained handler, which dumps tracebacks first, turns a SIGTERM into a SIGSEGV now and then; see
+_ears.c). It writes whichever thread the kernel hands the signal to, Python's or a C library's.
 
 The signal module keeps the two in step: a signal is heard only while lifeguard's handler is the
 one in place, so what is in a pipe came while it was lifeguard's signal, however late the
@@ -31,7 +29,7 @@ __all__ = ["Ears"]
 
 
 class Ears:
-    """One pipe per signal, and faulthandler's handler registered for those heard now."""
+    """One pipe per signal, and lifeguard's C handler registered for those heard now."""
 
     def __init__(self) -> None:
         self._pipes: dict[int, tuple[int, int]] = {}  # signum -> (read end, write end)
@@ -56,19 +54,16 @@ class Ears:
     def hear(self, signum: int) -> None:
         """From now on, a delivery of ``signum`` is heard. Its Python-level handler must be a
         callable (lifeguard's, or Python's ``default_int_handler``), so that the C handler
-        faulthandler finds in place, and chains to, is CPython's."""
+        found in place, and chained to, is CPython's."""
         ends = self._pipes.get(signum)
         if ends is None:
             return
-        import faulthandler  # built into the interpreter: no import cost
+        from lifeguard import _ears
 
         with self._lock:
-            if signum in self.heard:
-                # register() changes nothing for a signal registered already, and a handler set
-                # since (signal.signal: CPython's again) has replaced faulthandler's. Unregister
-                # puts back the CPython handler found at registration, the same one.
-                faulthandler.unregister(signum)
-            faulthandler.register(signum, file=ends[1], all_threads=True, chain=True)
+            # A handler set since (signal.signal: CPython's again) may have replaced ours:
+            # register() then stands in front of that one, else it only keeps the fd.
+            _ears.register(signum, ends[1])
             self.heard.add(signum)
 
     def deafen(self, signum: int) -> None:
@@ -77,9 +72,9 @@ class Ears:
         with self._lock:
             if signum not in self.heard:
                 return
-            import faulthandler
+            from lifeguard import _ears
 
-            faulthandler.unregister(signum)
+            _ears.unregister(signum)
             self.heard.discard(signum)
 
     def listen(self) -> tuple[int, ...]:
@@ -104,10 +99,10 @@ class Ears:
     def forget_after_fork(self) -> None:
         """In a forked child: the pipes are the parent's, and no listener of this process reads
         them. The child's deliveries go to CPython's handler alone, as before lifeguard."""
-        import faulthandler
+        from lifeguard import _ears
 
         for signum in self.heard:
-            faulthandler.unregister(signum)
+            _ears.unregister(signum)
         self.heard = set()
         self._lock = _thread.RLock()  # another thread of the parent may have held it
         pipes, self._pipes = self._pipes, {}

@@ -1,7 +1,7 @@
 """How a signal becomes a status: one path, from delivery to death.
 
 1. ``install()`` gives each hooked signal a Python-level handler (so that CPython's C-level
-   handler catches it) and, in front of that C handler, faulthandler's, which writes to a pipe
+   handler catches it) and, in front of that C handler, lifeguard's own, which writes to a pipe
    of that signal's that one *listener* thread reads (``lifeguard.ears``). The wakeup fd stays
    the program's: asyncio, trio and uvloop take it for their loops, whenever they like.
 2. At delivery, that pipe gets written, whatever the main thread is doing: running Python, stuck
@@ -140,14 +140,13 @@ def die_from_any_thread(signum: int) -> None:
 
 
 def _deafen(signum: int) -> None:
-    """Before the default action is set: faulthandler's handler, in front of CPython's while
-    lifeguard hears the signal (``lifeguard.ears``), must not be put back over it by a delivery
-    it is chaining in another thread."""
-    faulthandler = sys.modules.get("faulthandler")
-    if faulthandler is not None:
+    """Before the default action is set: lifeguard's C handler, in front of CPython's while
+    lifeguard hears the signal (``lifeguard.ears``), must not be put back over it."""
+    ears = sys.modules.get("lifeguard._ears")
+    if ears is not None:
         try:
-            faulthandler.unregister(signum)
-        except (RuntimeError, ValueError):  # not a signal faulthandler may register
+            ears.unregister(signum)
+        except (OSError, ValueError):  # not a signal that can be heard
             pass
 
 
@@ -283,7 +282,7 @@ class SignalWatch:
         # The signal whose chained handler runs now: a sys.exit() from inside it (Ray's SIGTERM
         # handler calls sys.exit(1)) is that signal's doing, not a plain exit.
         self.in_handler_for: int | None = None
-        # The listener's ears: faulthandler's handler in front of CPython's for each signal
+        # The listener's ears: lifeguard's C handler in front of CPython's for each signal
         # heard now (lifeguard.ears). The wakeup fd stays the program's.
         self.ears = Ears()
         self._listening = False
@@ -387,7 +386,7 @@ class SignalWatch:
     def _set(self, signum: int, handler: Handler) -> Handler:
         """Set ``signum``'s handler (main thread), the listener hearing it exactly while that
         handler is lifeguard's. Deafened first: unregistering puts back the C handler that
-        faulthandler chained to, and only then may ``signal.signal`` set what it sets."""
+        lifeguard's chained to, and only then may ``signal.signal`` set what it sets."""
         if signum in self.ears.heard:
             self.ears.deafen(signum)
         try:

@@ -17,6 +17,7 @@ or a GPU sync looks like from Python: no Python runs, no signal ends the wait).
 
 from __future__ import annotations
 
+import os
 import random
 import re
 import shutil
@@ -122,6 +123,7 @@ mlflow.log_metric("saved", 1.0)
 """
 
 
+@pytest.mark.timeout(900)  # 15 trials in CI, each importing mlflow on a loaded machine
 @pytest.mark.parametrize("shape", ["signal.signal", "trio"])
 def test_a_handler_the_program_puts_back_leaves_the_signal_its_own(
     store: Store, tmp_path: Path, shape: str
@@ -149,6 +151,98 @@ def test_a_handler_the_program_puts_back_leaves_the_signal_its_own(
         run = store.run(run_id_in(result.stdout))
         assert run.info.status == "FINISHED", where
         assert run.data.metrics["saved"] == 1.0, where
+
+
+# -- 1b. hearing a signal reads nothing of the program ------------------------------------------
+
+# Threads that start and end, and a main thread deep in calls: what a signal handler that reads
+# Python frames (faulthandler's chained one) may find half-changed, and crash on.
+CHURN = """
+import os, signal, sys, threading
+{setup}
+
+def deep(n):
+    return 0 if n == 0 else deep(n - 1) + 1
+
+def work():
+    for _ in range(50):
+        deep(200)
+
+def spawn():
+    while True:
+        workers = [threading.Thread(target=work) for _ in range(4)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+
+for _ in range(2):
+    threading.Thread(target=spawn, daemon=True).start()
+threading.Thread(target=lambda: (sys.stdin.read(), {done}), daemon=True).start()
+print('LIFEGUARD-READY {"pid": %d}' % os.getpid(), flush=True)
+while True:
+    deep(300)
+"""
+
+HEAR_USR1 = """
+from lifeguard.ears import Ears, wait
+signal.signal(signal.SIGUSR1, lambda *_: None)
+ears = Ears()
+ears.open([signal.SIGUSR1])
+ears.hear(signal.SIGUSR1)
+heard = []
+def listen(fds=ears.listen()):
+    while (ready := wait(fds, None)) is not None:
+        heard.extend(ready)
+threading.Thread(target=listen, daemon=True).start()
+"""
+
+
+def test_a_storm_of_heard_signals_never_crashes_the_program(tmp_path: Path) -> None:
+    """Thousands of deliveries, each heard by lifeguard's C handler and then the program's own,
+    while threads come and go and the main thread is deep in calls: the program lives on,
+    heard them, and exits as it chooses. (faulthandler's handler, which lifeguard once stood in
+    front of CPython's, crashed such a program within a few dozen signals.)"""
+    path = program(tmp_path, "storm", CHURN, setup=HEAR_USR1, done="os._exit(0 if heard else 3)")
+    proc = subprocess.Popen(
+        [sys.executable, str(path)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        assert proc.stdout.readline().startswith("LIFEGUARD-READY"), proc.stderr
+        sent = 0
+        while sent < 3000 and proc.poll() is None:
+            os.kill(proc.pid, signal.SIGUSR1)
+            sent += 1
+            # Pacing, not waiting for anything: signals sent back to back merge into a few
+            # deliveries while one is pending; spaced, each is a delivery of its own.
+            time.sleep(0.0005)
+        assert proc.poll() is None, f"died of {proc.returncode} after {sent} signals"
+        proc.stdin.close()
+        assert proc.wait(CHILD_TIMEOUT) == 0, proc.stderr.read() if proc.stderr else ""
+    finally:
+        proc.kill()
+        proc.wait(CHILD_TIMEOUT)
+
+
+@pytest.mark.timeout(600)
+def test_sigterm_at_any_instant_of_a_busy_program_is_death_by_sigterm(tmp_path: Path) -> None:
+    """The same program under install(): SIGTERM at a random instant is death by SIGTERM, as
+    without lifeguard, every time."""
+    path = program(tmp_path, "busy", CHURN, setup=INSTALL, done="None")
+    seed = random.randrange(2**32)
+    pick = random.Random(seed)
+    for trial in range(trials(40, 10)):
+        delay = pick.uniform(0.0, 0.05)
+        result = run_child(
+            [sys.executable, str(path)],
+            send=(signal.SIGTERM,),
+            after_ready=lambda _, delay=delay: time.sleep(delay),
+            timeout=CHILD_TIMEOUT,
+        )
+        where = f"trial {trial} (seed {seed}, signal {delay * 1e3:.1f} ms after ready)"
+        assert result.returncode == -signal.SIGTERM, (where, result.stderr)
 
 
 # -- 2. the listener hears whatever took the wakeup fd ------------------------------------------

@@ -1,0 +1,215 @@
+/* lifeguard._ears: hear a signal at the instant it comes, and do nothing else.
+
+   For each signal registered, a C handler stands in front of the one in place (CPython's): at
+   delivery it writes one byte, the signal's number, to that signal's pipe, then calls the
+   handler it found, which trips the Python-level handler and writes the program's wakeup fd
+   exactly as without lifeguard. write(2) is async-signal-safe; nothing else is touched.
+
+   Why not faulthandler.register(chain=True), which does much the same from the standard
+   library: its handler first writes the Python tracebacks of the interrupted thread (or of
+   every thread), walking frames that the interrupted code may be halfway through changing. A
+   SIGTERM then becomes a SIGSEGV now and then (3.10 and 3.13 with one thread, any version with
+   threads starting and ending): the process no longer dies as it would have without lifeguard.
+
+   Registration and removal come from one thread at a time (lifeguard.ears holds a lock); a
+   delivery may run in any thread meanwhile. The handler reads only the signal's fd (an atomic)
+   and the action it found, which is written before the handler is installed and not changed
+   while it is. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <errno.h>
+#include <signal.h>
+#include <string.h>
+#include <unistd.h>
+
+#ifndef NSIG
+#define NSIG 65
+#endif
+
+typedef struct {
+    volatile sig_atomic_t fd; /* the pipe's write end; -1 when not registered */
+    struct sigaction previous; /* what was in place when it was registered */
+} ear_t;
+
+static ear_t ears[NSIG];
+
+static void
+call_previous(int signum, siginfo_t *info, void *context, const struct sigaction *previous)
+{
+    if (previous->sa_flags & SA_SIGINFO) {
+        if (previous->sa_sigaction != NULL) {
+            previous->sa_sigaction(signum, info, context);
+        }
+        return;
+    }
+    if (previous->sa_handler == SIG_IGN) {
+        return;
+    }
+    if (previous->sa_handler == SIG_DFL) {
+        /* The default action, as if we had never stood in front: put it back and send the
+           signal again. It is blocked while this handler runs, so it is acted on once the
+           handler returns. */
+        (void)sigaction(signum, previous, NULL);
+        ears[signum].fd = -1;
+        (void)raise(signum);
+        return;
+    }
+    previous->sa_handler(signum);
+}
+
+static void
+ear_handler(int signum, siginfo_t *info, void *context)
+{
+    int saved_errno = errno;
+    if (signum > 0 && signum < NSIG) {
+        ear_t *ear = &ears[signum];
+        int fd = ear->fd;
+        if (fd >= 0) {
+            unsigned char byte = (unsigned char)signum;
+            ssize_t written;
+            do {
+                written = write(fd, &byte, 1); /* non-blocking pipe: a full one drops it */
+            } while (written < 0 && errno == EINTR);
+        }
+        call_previous(signum, info, context, &ear->previous);
+    }
+    errno = saved_errno;
+}
+
+static int
+is_ours(const struct sigaction *action)
+{
+    return (action->sa_flags & SA_SIGINFO) && action->sa_sigaction == ear_handler;
+}
+
+static int
+check_signum(int signum)
+{
+    if (signum < 1 || signum >= NSIG || signum == SIGKILL || signum == SIGSTOP) {
+        PyErr_Format(PyExc_ValueError, "signal number %d cannot be heard", signum);
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(register_doc,
+"register(signum, fd)\n--\n\n"
+"Stand in front of the handler now in place for signum: each delivery writes one byte to fd,\n"
+"then calls that handler. With the same flags and mask, so that system calls are interrupted\n"
+"or restarted as before. Registered already: only the fd changes.");
+
+static PyObject *
+ears_register(PyObject *module, PyObject *args)
+{
+    int signum, fd;
+    struct sigaction current, ours;
+    if (!PyArg_ParseTuple(args, "ii:register", &signum, &fd)) {
+        return NULL;
+    }
+    if (check_signum(signum) < 0) {
+        return NULL;
+    }
+    if (fd < 0) {
+        PyErr_Format(PyExc_ValueError, "fd must be >= 0, not %d", fd);
+        return NULL;
+    }
+    if (sigaction(signum, NULL, &current) != 0) {
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    if (is_ours(&current)) {
+        ears[signum].fd = fd;
+        Py_RETURN_NONE;
+    }
+    ears[signum].previous = current;
+    ears[signum].fd = fd;
+    memset(&ours, 0, sizeof(ours));
+    ours.sa_sigaction = ear_handler;
+    ours.sa_mask = current.sa_mask;
+    ours.sa_flags = (current.sa_flags | SA_SIGINFO) & ~SA_RESETHAND;
+    if (sigaction(signum, &ours, NULL) != 0) {
+        ears[signum].fd = -1;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(unregister_doc,
+"unregister(signum) -> bool\n--\n\n"
+"Stop hearing signum. If our handler is still the one in place, put back the one found at\n"
+"registration and return True; if another has replaced it since, leave that one: False.");
+
+static PyObject *
+ears_unregister(PyObject *module, PyObject *args)
+{
+    int signum;
+    struct sigaction current;
+    if (!PyArg_ParseTuple(args, "i:unregister", &signum)) {
+        return NULL;
+    }
+    if (check_signum(signum) < 0) {
+        return NULL;
+    }
+    if (sigaction(signum, NULL, &current) != 0) {
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    if (!is_ours(&current)) {
+        ears[signum].fd = -1;
+        Py_RETURN_FALSE;
+    }
+    if (sigaction(signum, &ears[signum].previous, NULL) != 0) {
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    ears[signum].fd = -1;
+    Py_RETURN_TRUE;
+}
+
+PyDoc_STRVAR(is_registered_doc,
+"is_registered(signum) -> bool\n--\n\n"
+"Whether our handler is the one in place for signum.");
+
+static PyObject *
+ears_is_registered(PyObject *module, PyObject *args)
+{
+    int signum;
+    struct sigaction current;
+    if (!PyArg_ParseTuple(args, "i:is_registered", &signum)) {
+        return NULL;
+    }
+    if (check_signum(signum) < 0) {
+        return NULL;
+    }
+    if (sigaction(signum, NULL, &current) != 0) {
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return PyBool_FromLong(is_ours(&current));
+}
+
+static PyMethodDef ears_methods[] = {
+    {"register", ears_register, METH_VARARGS, register_doc},
+    {"unregister", ears_unregister, METH_VARARGS, unregister_doc},
+    {"is_registered", ears_is_registered, METH_VARARGS, is_registered_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef ears_module = {
+    PyModuleDef_HEAD_INIT,
+    "lifeguard._ears",
+    "A C signal handler that writes each delivery's number to a pipe, then chains.",
+    -1,
+    ears_methods,
+};
+
+PyMODINIT_FUNC
+PyInit__ears(void)
+{
+    static int initialized = 0;
+    if (!initialized) {
+        for (int i = 0; i < NSIG; i++) {
+            ears[i].fd = -1;
+        }
+        initialized = 1;
+    }
+    return PyModule_Create(&ears_module);
+}
