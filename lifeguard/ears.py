@@ -22,10 +22,33 @@ from __future__ import annotations
 
 import _thread
 import os
+from types import ModuleType
 
 from lifeguard._fds import pipe
 
 __all__ = ["Ears"]
+
+_MISSING: list[str] = []  # why the C handler could not be loaded, once said
+
+
+def _c_handler() -> ModuleType | None:
+    """The compiled handler, or None in a checkout used without being built (``PYTHONPATH=``
+    a source tree): then a signal is noticed by lifeguard's Python-level handler alone, once
+    the main thread runs Python again, and one warning says so."""
+    try:
+        from lifeguard import _ears
+    except ImportError as exc:
+        if not _MISSING:
+            _MISSING.append(str(exc))
+            from lifeguard._log import logger
+
+            logger().warning(
+                "lifeguard's signal handler extension is not built (%s): a signal is noticed "
+                "only when the main thread runs Python; install lifeguard with pip to build it",
+                exc,
+            )
+        return None
+    return _ears
 
 
 class Ears:
@@ -56,10 +79,9 @@ class Ears:
         callable (lifeguard's, or Python's ``default_int_handler``), so that the C handler
         found in place, and chained to, is CPython's."""
         ends = self._pipes.get(signum)
-        if ends is None:
+        _ears = _c_handler()
+        if ends is None or _ears is None:
             return
-        from lifeguard import _ears
-
         with self._lock:
             # A handler set since (signal.signal: CPython's again) may have replaced ours:
             # register() then stands in front of that one, else it only keeps the fd.
@@ -72,9 +94,9 @@ class Ears:
         with self._lock:
             if signum not in self.heard:
                 return
-            from lifeguard import _ears
-
-            _ears.unregister(signum)
+            _ears = _c_handler()
+            if _ears is not None:
+                _ears.unregister(signum)
             self.heard.discard(signum)
 
     def listen(self) -> tuple[int, ...]:
@@ -99,10 +121,10 @@ class Ears:
     def forget_after_fork(self) -> None:
         """In a forked child: the pipes are the parent's, and no listener of this process reads
         them. The child's deliveries go to CPython's handler alone, as before lifeguard."""
-        from lifeguard import _ears
-
-        for signum in self.heard:
-            _ears.unregister(signum)
+        _ears = _c_handler()
+        if _ears is not None:
+            for signum in self.heard:
+                _ears.unregister(signum)
         self.heard = set()
         self._lock = _thread.RLock()  # another thread of the parent may have held it
         pipes, self._pipes = self._pipes, {}

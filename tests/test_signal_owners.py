@@ -245,6 +245,35 @@ def test_sigterm_at_any_instant_of_a_busy_program_is_death_by_sigterm(tmp_path: 
         assert result.returncode == -signal.SIGTERM, (where, result.stderr)
 
 
+def test_without_the_built_handler_a_signal_is_still_the_truth(tmp_path: Path) -> None:
+    """A source tree on PYTHONPATH, never built: no C handler to hear signals with. One
+    warning says so; SIGTERM is still noticed (by the Python-level handler), the finalizers run
+    with KILLED, and the process dies of it."""
+    package = Path(__file__).resolve().parent.parent / "lifeguard"
+    shutil.copytree(package, tmp_path / "lifeguard", ignore=shutil.ignore_patterns("*.so"))
+    code = (
+        "import lifeguard, sys; lifeguard.install(); "
+        "lifeguard.register(lambda outcome: print('final', outcome.status.value, flush=True)); "
+        "print('LIFEGUARD-READY {\"pid\": 0}', flush=True)\n"
+        "while True: sum(range(1000))"
+    )
+    # -S: no site-packages, where the built package would be found (an editable install's
+    # finder too); lifeguard itself needs none of it.
+    result = run_child(
+        [sys.executable, "-S", "-c", code],
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        cwd=str(tmp_path),  # -c puts the working directory first on sys.path: not a checkout
+        send=(signal.SIGTERM,),
+        timeout=CHILD_TIMEOUT,
+    )
+    assert result.returncode == -signal.SIGTERM, result.stderr
+    assert "final KILLED" in result.stdout, result.stderr
+    [warning] = [ln for ln in result.stderr.splitlines() if "extension is not built" in ln] or [
+        result.stderr
+    ]
+    assert "noticed only when the main thread runs Python" in warning, result
+
+
 # -- 2. the listener hears whatever took the wakeup fd ------------------------------------------
 
 UVLOOP_STUCK = """
