@@ -36,7 +36,7 @@ def _c_handler() -> ModuleType | None:
     a source tree): then a signal is noticed by lifeguard's Python-level handler alone, once
     the main thread runs Python again, and one warning says so."""
     try:
-        from lifeguard import _ears
+        import lifeguard._ears as _ears
     except ImportError as exc:
         if not _MISSING:
             _MISSING.append(str(exc))

@@ -190,7 +190,12 @@ def python_with_the_new_repl() -> str:
     """An interpreter with 3.13's new REPL: this one, else a python3.13 on PATH or pyenv's."""
     if sys.version_info >= (3, 13):
         return sys.executable
-    pyenv = sorted(Path("~/.pyenv/versions").expanduser().glob("3.13.*/bin/python3.13"))
+    # The user's own pyenv: the tests run with a HOME of their own (conftest.SESSION_HOME), and
+    # a pyenv shim on PATH answers only for the global version.
+    import pwd
+
+    root = os.environ.get("PYENV_ROOT") or os.path.join(pwd.getpwuid(os.getuid()).pw_dir, ".pyenv")
+    pyenv = sorted(Path(root, "versions").glob("3.13.*/bin/python3.13"))
     found = str(pyenv[-1]) if pyenv else shutil.which("python3.13")
     if found is None:
         pytest.skip("no python3.13 here for 3.13's new REPL (CI's tox -e py313 has one)")

@@ -15,7 +15,10 @@ PACKAGE = Path(__file__).parent.parent / "lifeguard"
 
 def _modules() -> dict[str, Path]:
     modules = {}
-    for path in PACKAGE.rglob("*.py"):
+    # A compiled module is known by its stub (lifeguard/_ears.pyi): it imports nothing.
+    for path in [*PACKAGE.rglob("*.py"), *PACKAGE.rglob("*.pyi")]:
+        if path.suffix == ".pyi" and path.with_suffix(".py").exists():
+            continue
         parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
         if parts[-1] == "__init__":
             parts = parts[:-1]

@@ -370,6 +370,7 @@ asyncio.run(main())
 """
 
 
+@pytest.mark.timeout(900)  # eleven programs that import mlflow: ~10 s each on a quiet machine
 def test_asyncio_run_cancels_its_task_on_ctrl_c(store: Store, tmp_path: Path) -> None:
     """asyncio.run installs its own SIGINT handler only if it finds Python's
     default_int_handler: it cancels the main task, whose cleanup runs, and the traceback is

@@ -135,7 +135,9 @@ def test_a_handler_the_program_puts_back_leaves_the_signal_its_own(
     path = program(tmp_path, "restore", code)
     seed = random.randrange(2**32)
     pick = random.Random(seed)
-    for trial in range(trials(15, 4)):
+    # The plain handler was overruled every time, trio's about one time in four: each trial
+    # imports mlflow (~10 s), and the core suite runs on four interpreters.
+    for trial in range(trials(6, 3) if shape == "signal.signal" else trials(12, 4)):
         delay = pick.uniform(0.0, 0.05)  # where in the loop the signal lands
         result = run_child(
             [sys.executable, str(path)],

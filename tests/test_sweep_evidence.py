@@ -72,7 +72,11 @@ class Program:
     """owner_program.py, held at its stdin."""
 
     def __init__(self, uri: str, *args: str, prefix: Sequence[str] = (), **env: str) -> None:
-        environ = {**_base_env(), "MLFLOW_TRACKING_URI": uri, **env}
+        # A journal of its own (made 0700 by lifeguard), never the one in the tests' HOME.
+        journal = os.path.join(tempfile.mkdtemp(prefix="lifeguard-owner-"), "journal")
+        environ = {
+            **_base_env(), "MLFLOW_TRACKING_URI": uri, "LIFEGUARD_JOURNAL_DIR": journal, **env
+        }  # fmt: skip
         environ.setdefault("LIFEGUARD_HEARTBEAT", "1")
         self.proc = subprocess.Popen(
             [*prefix, sys.executable, str(OWNER_PROGRAM), *args],
