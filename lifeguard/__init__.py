@@ -53,7 +53,7 @@ def install(**options: Unpack[InstallOptions]) -> None:
     default 10), ``mlflow`` (end MLflow runs, default True), ``end_attached`` (also end runs
     attached through MLFLOW_RUN_ID, default False), ``trackers`` (the other trackers to end
     when the program uses them, default tensorboard, wandb, swanlab, trackio), and the guardian
-    options ``watchdog``, ``heartbeat``. ``blocked_grace`` is still accepted and no longer used.
+    options ``watchdog``, ``heartbeat``. ``blocked_grace`` is accepted and has no effect.
 
     Raises TypeError/ValueError naming a bad option or ``LIFEGUARD_*`` variable, and
     RuntimeError when called outside the main thread with signals to hook (pass ``signals=()``

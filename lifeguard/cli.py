@@ -185,7 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     sweep.add_argument(
         "--older-than", type=_duration, metavar="DURATION",
-        help="with --include-untagged: silent for longer than this (e.g. 7d)",
+        help="with --include-untagged: silent for longer than this by the run's own "
+        "timestamps (its start, its last metric), and seen unchanged for --stale-after (e.g. 7d)",
     )  # fmt: skip
     sweep.add_argument("--dry-run", action="store_true", help="decide and report; write nothing")
     sweep.add_argument("--json", action="store_true", help="print the result as JSON")

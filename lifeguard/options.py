@@ -42,7 +42,7 @@ DEFAULT_SIGNALS: tuple[str, ...] = ("SIGINT", "SIGTERM", "SIGHUP")
 
 # The trackers lifeguard can end besides MLflow (lifeguard.names). Each is on only if the program
 # imports that library. ClearML is opt-in: it has exit hooks of its own and its offline mode
-# records no status, so the adapter could not be tested here (README).
+# records no status, so the adapter could not be tested here (docs/trackers.md).
 TRACKERS: tuple[str, ...] = tuple(_BACKEND_MODULES)
 DEFAULT_TRACKERS: tuple[str, ...] = ("tensorboard", "wandb", "swanlab", "trackio")
 
@@ -90,7 +90,7 @@ _FALSE = {"0", "false", "no", "off"}
 
 
 class Options:
-    """Validated install options (see README "Configuration")."""
+    """Validated install options (docs/configuration.md)."""
 
     __slots__ = (
         "signals",
