@@ -215,7 +215,12 @@ def tox_config() -> tuple[set[str], dict[str, list[str]], list[str]]:
         return [n for n in re.split(r"[,\s]+", value) if n]
 
     env_list = names(ini.get("tox", "env_list"))
-    envs = set(env_list) | {s.split(":", 1)[1] for s in ini.sections() if s.startswith("testenv:")}
+    # [testenv:.pkg] configures how tox builds the package: no env of its own to run.
+    envs = set(env_list) | {
+        s.split(":", 1)[1]
+        for s in ini.sections()
+        if s.startswith("testenv:") and s != "testenv:.pkg"
+    }
     labels = {}
     for line in ini.get("tox", "labels", fallback="").splitlines():
         if "=" in line:
