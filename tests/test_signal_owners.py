@@ -254,8 +254,10 @@ def test_without_the_built_handler_a_signal_is_still_the_truth(tmp_path: Path) -
     package = Path(__file__).resolve().parent.parent / "lifeguard"
     shutil.copytree(package, tmp_path / "lifeguard", ignore=shutil.ignore_patterns("*.so"))
     code = (
-        "import lifeguard, sys; lifeguard.install(); "
-        "lifeguard.register(lambda outcome: print('final', outcome.status.value, flush=True)); "
+        "import lifeguard, os, sys; lifeguard.install(); "
+        # os.write: the signal may land while the main thread is still in print()'s flush,
+        # holding stdout's buffer lock, where its handler then waits for the death.
+        "lifeguard.register(lambda o: os.write(1, b'final ' + o.status.value.encode() + b'\\n')); "
         "print('LIFEGUARD-READY {\"pid\": 0}', flush=True)\n"
         "while True: sum(range(1000))"
     )
