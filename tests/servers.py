@@ -378,25 +378,10 @@ class ForwardProxy:
                 upstream = http.client.HTTPConnection(
                     *self._address(url.hostname or "", url.port or 80), timeout=60
                 )
-                try:
-                    headers = {
-                        k: v
-                        for k, v in self.headers.items()
-                        if k.lower()
-                        not in ("connection", "proxy-authorization", "proxy-connection")
-                    }
-                    upstream.request(self.command, target, body=body, headers=headers)
-                    answer = upstream.getresponse()
-                    data = answer.read()
-                finally:
-                    upstream.close()
-                self.send_response(answer.status)
-                for k, v in answer.getheaders():
-                    if k.lower() not in ("content-length", "transfer-encoding", "connection"):
-                        self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                _forward_once(
+                    self, upstream, target, body,
+                    dropped=("connection", "proxy-authorization", "proxy-connection"),
+                )  # fmt: skip
 
             do_GET = do_POST = do_PATCH = do_DELETE = _forward
 
@@ -423,6 +408,31 @@ class ForwardProxy:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def _forward_once(
+    handler: http.server.BaseHTTPRequestHandler,
+    upstream: http.client.HTTPConnection,
+    target: str,
+    body: bytes | None,
+    dropped: tuple[str, ...],
+) -> None:
+    """Send ``handler``'s request to ``upstream`` (without the ``dropped`` headers) and its
+    whole answer back, with a length of its own: one request per connection each way."""
+    try:
+        headers = {k: v for k, v in handler.headers.items() if k.lower() not in dropped}
+        upstream.request(handler.command, target, body=body, headers=headers)
+        answer = upstream.getresponse()
+        data = answer.read()
+    finally:
+        upstream.close()
+    handler.send_response(answer.status)
+    for k, v in answer.getheaders():
+        if k.lower() not in ("content-length", "transfer-encoding", "connection"):
+            handler.send_header(k, v)
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
 
 
 def _relay(client: socket.socket, upstream: socket.socket) -> None:
@@ -612,24 +622,10 @@ class Answerer:
                 upstream = http.client.HTTPConnection(
                     "127.0.0.1", answerer.upstream_port, timeout=60
                 )
-                try:
-                    headers = {
-                        k: v
-                        for k, v in self.headers.items()
-                        if k.lower() not in ("host", "connection", "proxy-authorization")
-                    }
-                    upstream.request(self.command, path, body=body, headers=headers)
-                    answer = upstream.getresponse()
-                    data = answer.read()
-                finally:
-                    upstream.close()
-                self.send_response(answer.status)
-                for k, v in answer.getheaders():
-                    if k.lower() not in ("content-length", "transfer-encoding", "connection"):
-                        self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                _forward_once(
+                    self, upstream, path, body,
+                    dropped=("host", "connection", "proxy-authorization"),
+                )  # fmt: skip
 
             do_GET = do_POST = do_PATCH = do_DELETE = _handle
 
