@@ -277,15 +277,26 @@ def _without_own_frames(value: BaseException, tb: TracebackType | None) -> Trace
     """The traceback as the program would print it without lifeguard: a KeyboardInterrupt
     raised by a handler lifeguard chained to would otherwise show frames of
     ``lifeguard/signals.py`` at its tip, or be nothing but them (a Ctrl-C while no Python code
-    of the program's ran). The exception's own traceback is the one printed, so it is cut too."""
-    own = os.path.join("lifeguard", "signals.py")
-    if tb is not None and tb.tb_frame.f_code.co_filename.endswith(own):
+    of the program's ran). On 3.10 a SystemExit raised through lifeguard's ``sys.exit`` or
+    ``exit`` wrapper keeps that wrapper's frame at its tip (``_Unseen``); an uncaught one, shown
+    by ``python -i``, would print it. The exception's own traceback is the one printed, so it is
+    cut too."""
+    if tb is not None and _is_own(tb.tb_frame):
         value.__traceback__ = None
         return None
     entry: TracebackType | None = tb
     while entry is not None and entry.tb_next is not None:
-        if entry.tb_next.tb_frame.f_code.co_filename.endswith(own):
+        if _is_own(entry.tb_next.tb_frame):
             entry.tb_next = None
             break
         entry = entry.tb_next
     return tb
+
+
+_SIGNALS_SOURCE = os.path.join("lifeguard", "signals.py")
+_WRAPPERS = frozenset({ProcessHooks._exit.__code__, _Quitter.__call__.__code__})
+
+
+def _is_own(frame: FrameType) -> bool:
+    code = frame.f_code
+    return code in _WRAPPERS or code.co_filename.endswith(_SIGNALS_SOURCE)

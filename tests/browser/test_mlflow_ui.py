@@ -90,11 +90,20 @@ def runs(server: MlflowServer, tmp_path_factory: pytest.TempPathFactory) -> dict
 
 
 @pytest.fixture(scope="module")
-def browser(server: MlflowServer) -> Iterator[object]:
+def browser(server: MlflowServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     from playwright.sync_api import sync_playwright
 
+    # Chromium keeps crash reports and a dconf cache under HOME and the XDG directories, even
+    # with a throwaway profile: it gets a home of its own, never the user's (or the session's).
+    home = tmp_path_factory.mktemp("chromium-home")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("XDG_")}
+    env.update(
+        HOME=str(home), XDG_CONFIG_HOME=str(home / ".config"), XDG_CACHE_HOME=str(home / ".cache")
+    )
     with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        chromium = playwright.chromium.launch(
+            executable_path=CHROMIUM, args=["--no-sandbox"], env=env
+        )
         yield chromium
         chromium.close()
 

@@ -126,13 +126,26 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     _CLUSTER["started"] = True
 
 
+def _stop_cluster() -> None:
+    if _CLUSTER["started"]:
+        subprocess.run([str(CLUSTER), "stop"], env=client_env(), timeout=120, check=False)
+        _CLUSTER["started"] = False
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cluster_stopped_at_the_end() -> Iterator[None]:
+    """Stops the cluster this session started as the session's fixtures end: before the check
+    that the session left no process running (tests/conftest.py, set up earlier, so torn down
+    later), which would otherwise find its daemons."""
+    yield
+    _stop_cluster()
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if not asked() and exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
         # test_slurm.py skipped itself, as asked: a success (tox -e slurm says OK), not "no tests".
         session.exitstatus = pytest.ExitCode.OK
-    if _CLUSTER["started"]:
-        subprocess.run([str(CLUSTER), "stop"], env=client_env(), timeout=120, check=False)
-        _CLUSTER["started"] = False
+    _stop_cluster()  # no test ran (none selected): the fixture above never did
 
 
 @dataclass
