@@ -16,10 +16,10 @@ def out_of_the_way(fd: int) -> int:
     or ``fd`` itself if nothing up there is free."""
     import fcntl
     import os
-    import resource
 
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    limit = 1024 if soft == resource.RLIM_INFINITY else min(int(soft), 1024)
+    # The soft RLIMIT_NOFILE (-1 if unlimited), without importing `resource` at install().
+    soft = os.sysconf("SC_OPEN_MAX")
+    limit = 1024 if soft < 0 else min(soft, 1024)
     floor = max(3, limit - 24)  # below the usual 1024 select() limit, near the top
     try:
         high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor)

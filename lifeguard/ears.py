@@ -22,9 +22,12 @@ from __future__ import annotations
 
 import _thread
 import os
-from types import ModuleType
 
 from lifeguard._fds import pipe
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import ModuleType
 
 __all__ = ["Ears"]
 

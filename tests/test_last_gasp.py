@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from lifeguard.backends.mlflow.finalizer import FLUSH_CHUNK
+from lifeguard.backends.mlflow.plan import FLUSH_CHUNK
 from lifeguard.demo import ChildResult, run_child, wait_gone
 from lifeguard.journal import Entry, Journal
 from lifeguard.owner import Owner, process_start_time, start_ticks
@@ -76,6 +76,29 @@ def replayers_of(pid: int) -> list[int]:
         if mine and argv[argv.index(b"--writer") + 1] == str(pid).encode():
             found[int(name)] = parent
     return [replayer for replayer, parent in found.items() if parent not in found]
+
+
+def kill_replayer(replayer: int) -> None:
+    """SIGKILL a replayer and the child it may have forked for a round of writes. The child
+    outlives a SIGKILL of its parent and finishes its round (the entry claimed, the status
+    written): a test that means "no replay is writing any more" kills both. Stopped first, so
+    that no new round starts between the look at its children and the kill."""
+    os.kill(replayer, signal.SIGSTOP)
+    children = []
+    for name in os.listdir("/proc"):
+        try:
+            parent = int(Path(f"/proc/{name}/stat").read_text().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == replayer:
+            children.append(int(name))
+    for pid in [*children, replayer]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for pid in [*children, replayer]:
+        assert wait_gone(pid, 30.0), pid
 
 
 def wait_ended(client: MlflowClient, run_id: str, timeout: float) -> tuple[str, float]:
@@ -322,8 +345,7 @@ def test_a_killed_replayer_leaves_its_entry_to_the_sweep(
     """SIGKILL the replayer while it retries: its claim dies with it, and the sweep writes the
     entry with the true end time."""
     run_id, replayer, sent, _ = die_with_server_down(store, proxy, bound="120")
-    os.kill(replayer, signal.SIGKILL)
-    assert wait_gone(replayer, 30.0)
+    kill_replayer(replayer)
     assert entries(store) == [run_id]
     proxy.mode = "pass"
     swept = sweep(proxy.uri, journal_dir(store))
@@ -344,8 +366,7 @@ def test_the_sweep_waits_for_an_entry_a_replayer_is_writing_and_never_writes_it_
     import fcntl
 
     run_id, replayer, _, _ = die_with_server_down(store, proxy, bound="120")
-    os.kill(replayer, signal.SIGKILL)  # its own claim, if any, goes with it
-    assert wait_gone(replayer, 30.0)
+    kill_replayer(replayer)  # its own claim, if any, goes with it
     proxy.mode = "pass"
     entry_path = journal_dir(store) / f"{run_id}.json"
     fd = os.open(entry_path, os.O_RDWR)

@@ -149,7 +149,7 @@ def test_the_backlog_is_merged_per_run_without_a_key_twice() -> None:
     from mlflow.entities import Metric, Param, RunTag
     from mlflow.utils.async_logging.run_batch import RunBatch
 
-    from lifeguard.backends.mlflow.finalizer import FLUSH_CHUNK, _chunks
+    from lifeguard.backends.mlflow.plan import FLUSH_CHUNK, _chunks
 
     def metric(i: int) -> RunBatch:
         return RunBatch("r1", metrics=[Metric("m", float(i), 0, i)])

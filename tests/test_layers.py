@@ -114,7 +114,7 @@ def test_the_circle_check_sees_a_circle() -> None:
 
 def test_the_graph_counts_imports_inside_functions_and_under_type_checking() -> None:
     graph = import_graph()
-    # lifecycle imports the channel's type only under TYPE_CHECKING; the finalizer imports
+    # lifecycle imports the channel's type only under TYPE_CHECKING; the plan imports
     # the journal inside functions: both are edges.
     assert "lifeguard.channel" in graph["lifeguard.lifecycle"]
-    assert "lifeguard.journal" in graph["lifeguard.backends.mlflow.finalizer"]
+    assert "lifeguard.journal" in graph["lifeguard.backends.mlflow.plan"]
