@@ -4,9 +4,9 @@ MLflow's own ``atexit`` hook (``_safe_end_run``) ends only the current thread's 
 and always as FINISHED. This finalizer runs before it (see ``hooks.move_atexit_to_front`` and the
 run context provider) and ends every run this process started, in every thread, nested children
 before their parents, then takes them off MLflow's active-run stacks so that MLflow's hook finds
-nothing left to overwrite. How is plan.py's: this module, loaded by ``install()``, holds only
-what decides whether there is anything to do, so that a program that never logs pays for no
-more.
+nothing left to overwrite. How they are ended is plan.py's part, loaded at exit: this module,
+loaded by ``install()``, holds only what decides whether there is anything to do, so that a
+program that never logs loads nothing more.
 """
 
 from __future__ import annotations
