@@ -268,24 +268,9 @@ class HttpProxy:
                     return
                 proxy.forwarded += 1
                 upstream = http.client.HTTPConnection("127.0.0.1", proxy.upstream_port, timeout=60)
-                try:
-                    headers = {
-                        k: v
-                        for k, v in self.headers.items()
-                        if k.lower() not in ("host", "connection", "authorization")
-                    }
-                    upstream.request(self.command, self.path, body=body, headers=headers)
-                    answer = upstream.getresponse()
-                    data = answer.read()
-                finally:
-                    upstream.close()
-                self.send_response(answer.status)
-                for k, v in answer.getheaders():
-                    if k.lower() not in ("content-length", "transfer-encoding", "connection"):
-                        self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                _forward_once(
+                    self, upstream, self.path, body, ("host", "connection", "authorization")
+                )
 
             do_GET = do_POST = do_PATCH = do_DELETE = _handle
 
