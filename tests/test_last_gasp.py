@@ -60,6 +60,12 @@ def program(
     )
 
 
+def parent_of(pid: str) -> int:
+    """The parent pid of ``/proc/<pid>``, from its stat line (after the command's parenthesis,
+    which may hold spaces)."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+
+
 def replayers_of(pid: int) -> list[int]:
     """The last-gasp replayers process ``pid`` left (alive now); not the children a replayer
     forks for a round of writes, which have its command line."""
@@ -69,7 +75,7 @@ def replayers_of(pid: int) -> list[int]:
             continue
         try:
             argv = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
-            parent = int(Path(f"/proc/{name}/stat").read_text().rpartition(")")[2].split()[1])
+            parent = parent_of(name)
         except (OSError, ValueError, IndexError):
             continue
         mine = b"lifeguard.guardian.replay" in argv and b"--writer" in argv
@@ -87,11 +93,10 @@ def kill_replayer(replayer: int) -> None:
     children = []
     for name in os.listdir("/proc"):
         try:
-            parent = int(Path(f"/proc/{name}/stat").read_text().rpartition(")")[2].split()[1])
+            if parent_of(name) == replayer:
+                children.append(int(name))
         except (OSError, ValueError, IndexError):
             continue
-        if parent == replayer:
-            children.append(int(name))
     for pid in [*children, replayer]:
         try:
             os.kill(pid, signal.SIGKILL)

@@ -15,7 +15,7 @@ from tests.conftest import Store, child_env, wait_gone
 pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
 
-DRIVER = str(__import__("pathlib").Path(__file__).parent / "ray_driver.py")
+DRIVER = str(Path(__file__).parent / "ray_driver.py")
 
 
 def drive(store: Store, scenario: str, home: Path) -> ChildResult:
