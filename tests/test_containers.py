@@ -323,8 +323,9 @@ def test_a_whole_namespace_killed_at_once_is_swept_by_its_heartbeat(
     """The end of a Kubernetes grace period, or `memory.oom.group`: every process of the
     container is SIGKILLed at once, its watchdog too, so nothing in it is left to say anything.
     `lifeguard sweep` (a CronJob, here from the host, with a `--stale-after` of ten heartbeats)
-    ends the run KILLED at its last heartbeat; the trainer of another namespace, same hostname
-    and same pid, keeps its live run through every sweep, and ends it itself."""
+    ends the run KILLED at its last sign of life (heartbeat or metric); the trainer of another
+    namespace, same hostname and same pid, keeps its live run through every sweep, and ends it
+    itself."""
     cmd = [sys.executable, PROGRAM, "--path", "SIGTERM", "--order", "after", "--watchdog"]
     env = child_env(store, MLFLOW_TRACKING_URI=server.uri, LIFEGUARD_HEARTBEAT="1")
     for _ in range(2):
@@ -342,7 +343,15 @@ def test_a_whole_namespace_killed_at_once_is_swept_by_its_heartbeat(
     os.kill(a.init, signal.SIGKILL)  # the kernel takes every process of A's namespace with it
     a.wait()
     killed = time.monotonic()
-    last_beat = int(client.get_run(run_a).data.tags["lifeguard.heartbeat"])
+    before = client.get_run(run_a)
+    # The run's last sign of life: its latest heartbeat, or a metric logged after it. The first
+    # beat rides along with the run's creation, the program logs a metric next, and SIGKILL may
+    # come before the second beat.
+    last_sign = max(
+        int(before.data.tags["lifeguard.heartbeat"]),
+        before.info.start_time,
+        *(m.timestamp for m in client.get_metric_history(run_a, "loss")),
+    )
     deadline = killed + 600
     while client.get_run(run_a).info.status == "RUNNING":
         assert time.monotonic() < deadline, "A's run was never swept"
@@ -351,7 +360,7 @@ def test_a_whole_namespace_killed_at_once_is_swept_by_its_heartbeat(
         assert "lost" not in reasons[run_b]
     run = client.get_run(run_a)
     assert run.info.status == "KILLED"
-    assert run.info.end_time == last_beat  # the last sign of life, not the sweep's time
+    assert run.info.end_time == last_sign  # the last sign of life, not the sweep's time
     assert run.data.tags["lifeguard.ended_by"] == "sweep"
     assert "another PID namespace" in run.data.tags["lifeguard.reason"]
     # Ended by the first sweep that started --stale-after past the last one that saw a beat.
