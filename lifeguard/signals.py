@@ -86,7 +86,14 @@ else:
     # whole budget in a fresh interpreter. Same API.
     import _signal
 
-__all__ = ["REPEAT_WINDOW", "SignalWatch", "die", "die_by_signal", "die_from_any_thread"]
+__all__ = [
+    "REPEAT_WINDOW",
+    "SignalWatch",
+    "die",
+    "die_by_signal",
+    "die_from_any_thread",
+    "ending_noticed",
+]
 
 # The interpreter's own function, before a SignalWatch wraps it (see _wrap_dispositions): every
 # call of lifeguard's goes to this one.
@@ -96,6 +103,23 @@ _set_handler = _signal.signal
 # sends each srun task two SIGTERMs 3-9 ms apart on a time limit or a preemption; a person's
 # second Ctrl-C, or a launcher escalating, comes much later than this.
 REPEAT_WINDOW = 0.5
+
+# Set just before the time of a taken-over signal is read: that time is the end time its runs
+# get. A heartbeat checks it after taking its stamp and before writing it (ending_noticed), so
+# that no beat stamped after the end lands, however late the finalizers stop the heartbeat.
+_ending_noticed = False
+
+
+def ending_noticed() -> bool:
+    """Whether a taken-over signal has come: the process is dying of it."""
+    return _ending_noticed
+
+
+def _signal_time() -> float:
+    """The time a taken-over signal came, after noting that one did (see _ending_noticed)."""
+    global _ending_noticed
+    _ending_noticed = True
+    return time.time()
 
 
 def die_by_signal(signum: int) -> None:
@@ -499,7 +523,7 @@ class SignalWatch:
                 if self.die_by is not None and time.monotonic() >= self.die_by:
                     self._overdue()
                 continue
-            now = time.time()
+            now = _signal_time()
             for fd in ready:
                 signum = signals.get(fd)
                 if signum is not None:
@@ -695,7 +719,7 @@ class SignalWatch:
         if signum in self.takeover:
             if lifecycle.is_done():
                 die_by_signal(signum)  # finish() already ran: the default action, as before
-            self.notice(signum, time.time(), escalate=False)
+            self.notice(signum, _signal_time(), escalate=False)
             if self.ending and self.main_context is None:
                 import contextvars
 

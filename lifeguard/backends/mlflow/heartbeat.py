@@ -179,8 +179,11 @@ class Heartbeat:
             # only in a process that created such runs.
             run_ids += runs_created_outside_fluent(client, Owner.current(), run_ids)
             by_store: dict[str, list[str]] = {}
+            signals = sys.modules.get("lifeguard.signals")
             for run_id in run_ids:
-                if self._stop.is_set():
+                # After the stamp: a signal noticed since may carry an earlier time, its runs'
+                # end time, and no beat may say the run lived past its end.
+                if self._stop.is_set() or (signals is not None and signals.ending_noticed()):
                     break
                 run_client = client_of(run_id)
                 if run_id in fluent_runs:
