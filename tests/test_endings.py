@@ -433,7 +433,9 @@ run = mlflow.start_run()
 
 def block(outcome):
     os.write(1, b"FINALIZING\\n")
-    time.sleep(1.0)  # the person at the keyboard presses Ctrl-C again a second later
+    # The person at the keyboard presses Ctrl-C again seconds later: a second Ctrl-C, not a
+    # repeat of the first (signals.REPEAT_WINDOW), even if the first was sent late.
+    time.sleep(3.0)
     os.write(1, b"SECOND\\n")
     threading.Event().wait()
 

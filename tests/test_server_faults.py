@@ -97,6 +97,7 @@ def test_hung_or_failing_server(
     assert not (journal_dir(store) / f"{run_id}.json").exists()
 
 
+@pytest.mark.timeout(300)  # a server's start and stop, twice, on a loaded machine
 def test_killed_server_then_back(scenario: Scenario, store: Store, tmp_path: Path) -> None:
     first = MlflowServer(tmp_path / "server").start()
     second: MlflowServer | None = None

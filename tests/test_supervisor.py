@@ -226,8 +226,9 @@ def test_sigkill_of_the_supervisor_takes_the_program_along(
     assert run.info.status == "KILLED"
     assert run.data.tags["lifeguard.signal"] == "SIGTERM"
     assert run.data.tags["lifeguard.ended_by"] == "process"
-    # The end time is when the program got its SIGTERM: within a second of the SIGKILL.
-    assert run.info.end_time / 1000 - killed_at[0] < 1.0
+    # The end time is when the program got its SIGTERM: just after the SIGKILL (seconds at
+    # most on a loaded machine), not when anything later ran.
+    assert killed_at[0] - 0.01 <= run.info.end_time / 1000 < killed_at[0] + 5.0
 
 
 def fd_program(tmp_path: Path, body: str) -> tuple[str, str]:

@@ -180,7 +180,7 @@ def test_registry_isolates_errors_and_hangs() -> None:
     registry.add(lambda o: release.wait(), name="hangs")
     registry.add(lambda o: 1 / 0, name="raises")
     try:
-        reports = registry.run_all(Outcome.exited(3), deadline=0.6)
+        reports = registry.run_all(Outcome.exited(3), deadline=3.0)
     finally:
         release.set()
     assert [(r.name, r.result) for r in reports] == [
@@ -190,8 +190,9 @@ def test_registry_isolates_errors_and_hangs() -> None:
     ]
     assert isinstance(reports[0].error, ZeroDivisionError)
     assert calls == ["FAILED"]
-    # A hang may use only its fair share, so the finalizer after it still gets time.
-    assert reports[1].seconds < 0.6
+    # A hang may use only its fair share (half of what is left: 1.5 s), so the finalizer after
+    # it still gets time; a second of slack for a loaded machine, still short of the deadline.
+    assert reports[1].seconds < 2.5, reports[1].seconds
 
 
 def test_register_rejects_non_callables() -> None:

@@ -157,6 +157,7 @@ def test_watchdog_after_sigkill(scenario: Scenario, store: ServerStore) -> None:
     assert scenario.calls() == []  # no in-process finalizer could run
 
 
+@pytest.mark.timeout(300)  # a server's start and stop, twice, on a loaded machine
 def test_dead_server(scenario: Scenario, store: ServerStore, tmp_path: Path) -> None:
     """The server dies before the SIGTERM: the program exits within its deadline with its true
     exit status, the status is journaled, and it lands with its true end time once the server is
