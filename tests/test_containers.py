@@ -81,6 +81,16 @@ class InNamespace:
         assert self.proc.stderr is not None
         self.stderr_text.append(self.proc.stderr.read())
 
+    def wait_for_go(self) -> None:
+        """Until the init (tests/children/ns_init.py) waits for its "go" line; its line is
+        consumed, so that what the command prints is all that is left."""
+        line = self.lines.get(timeout=CHILD_TIMEOUT)
+        assert line == "ns-init waiting for go\n", f"{line!r}: {self.stderr()}"
+
+    def go(self) -> None:
+        self.wait_for_go()
+        self.send("go\n")
+
     def send(self, text: str) -> None:
         assert self.proc.stdin is not None
         self.proc.stdin.write(text)
@@ -167,6 +177,8 @@ def test_a_guardian_ends_its_own_trainers_run_and_never_a_neighbours(
     for _ in range(2):
         namespaces.append(InNamespace(unshare, [sys.executable, NS_INIT, "--", *cmd], env))
     a, b = namespaces
+    for ns in (a, b):
+        ns.wait_for_go()
     for ns in (a, b):
         ns.send("go\n")  # both trainers start now
     ready_a, ready_b = a.ready(), b.ready()
@@ -331,6 +343,8 @@ def test_a_whole_namespace_killed_at_once_is_swept_by_its_heartbeat(
     for _ in range(2):
         namespaces.append(InNamespace(unshare, [sys.executable, NS_INIT, "--", *cmd], env))
     a, b = namespaces
+    for ns in (a, b):
+        ns.wait_for_go()
     for ns in (a, b):
         ns.send("go\n")
     ready_a, ready_b = a.ready(), b.ready()

@@ -117,7 +117,7 @@ def test_an_entry_written_by_pid_1_of_a_container_is_replayed_elsewhere(
             cmd = [sys.executable, NS_INIT, "--", *sweep_cmd(recorder.uri, journal)]
             ns = InNamespace(unshare, cmd, dict(os.environ))
             try:
-                ns.send("go\n")
+                ns.go()
                 ns.close_stdin()
                 returncode = ns.wait()
                 done = subprocess.CompletedProcess(cmd, returncode, ns.output(), ns.stderr())

@@ -15,8 +15,13 @@ import os
 import subprocess
 import sys
 
+WAITING = "ns-init waiting for go"
+
 command = sys.argv[sys.argv.index("--") + 1 :]
-sys.stdin.readline()  # "go": both namespaces' trainers start in the same instant
+# Said before the wait, so that a test sends "go" only to inits that are all waiting: then both
+# namespaces' trainers start in the same instant, however late one init started.
+print(WAITING, flush=True)
+sys.stdin.readline()  # "go"
 child = subprocess.Popen(command)  # inherits stdin: the rest is the program's
 status = None
 while True:
