@@ -230,18 +230,32 @@ def time_limit_jobs(
     return sub, {shape: submit_pair(sub, "time limit", shape, sbatch=options) for shape in SHAPES}
 
 
-def preempt(slurm: Slurm, tmp: Path) -> None:
+def preempt(slurm: Slurm, tmp: Path, victims: list[Job]) -> None:
     """A job in the higher-tier partition that needs every CPU the preemptable jobs hold: Slurm
-    preempts them all (requeued with --requeue, cancelled otherwise)."""
+    preempts them all (requeued with --requeue, cancelled otherwise). Returns once it has run,
+    so that the preemption is over (the victims' CPUs released).
+
+    It asks for every CPU that the high partition's own jobs (test_time_limit's, submitted at
+    the session's start) leave. One of those may end between the count and the scheduling: the
+    preemptor then fits beside the victims, preempts nothing, and runs; another, sized anew,
+    follows (seen: a victim still RUNNING 90 s later)."""
     total = int(slurm.run("sinfo", "-h", "-N", "-o", "%c").split()[0])
-    held = slurm.run("squeue", "-h", "-t", "R", "-p", "high", "-o", "%C").split()
-    cpus = total - sum(int(n) for n in held)
-    script = tmp / "preemptor.sh"
-    script.write_text("#!/bin/bash\ntrue\n")
-    slurm.run(
-        "sbatch", "--partition=high", f"--cpus-per-task={cpus}", "--job-name=preemptor",
-        f"--output={tmp / 'preemptor.log'}", str(script),
-    )  # fmt: skip
+    for attempt in range(3):
+        held = slurm.run("squeue", "-h", "-t", "R", "-p", "high", "-o", "%C").split()
+        cpus = total - sum(int(n) for n in held)
+        script = tmp / "preemptor.sh"
+        script.write_text("#!/bin/bash\ntrue\n")
+        log = tmp / f"preemptor-{attempt}.log"
+        out = slurm.run(
+            "sbatch", "--parsable", "--partition=high", f"--cpus-per-task={cpus}",
+            "--job-name=preemptor", f"--output={log}", str(script),
+        )  # fmt: skip
+        preemptor = Job(slurm, out.strip().split(";")[0], "preemptor", log, log, time.time())
+        preemptor.wait_state({"COMPLETED"})
+        left = [job.name for job in victims if slurm.job_state(job.id).get("JobState") == "RUNNING"]
+        if not left:
+            return
+    raise AssertionError(f"not preempted by three preemptors: {left}")
 
 
 def warn(slurm: Slurm, job: Job, shape: str) -> None:
@@ -331,7 +345,7 @@ def test_preempted(submitter: Submitter, slurm: Slurm, tmp_path: Path) -> None:
     jobs = {shape: submit_pair(submitter, "preempted", shape) for shape in SHAPES}
     started = {job.id: ready(job) for pair in jobs.values() for job in pair}
     preempted = time.time()
-    preempt(slurm, tmp_path)
+    preempt(slurm, tmp_path, [job for pair in jobs.values() for job in pair])
     for shape, (guarded, raw) in jobs.items():
         ran = finish(submitter, guarded, *started[guarded.id])
         base = finish(submitter, raw, *started[raw.id])
@@ -429,14 +443,22 @@ def test_requeue_resumes_the_run(submitter: Submitter, slurm: Slurm, tmp_path: P
         shape: submit_pair(submitter, case, shape, *args, sbatch=("--requeue",)) for shape in SHAPES
     }
     first = {job.id: ready(job) for pair in jobs.values() for job in pair}
-    preempt(slurm, tmp_path)
+    # Slurm makes a requeued job wait about two minutes (its BeginTime), which this test cuts
+    # short; it may do so only once the preemption is over. Cut short at once, one requeued
+    # job ended FAILED with no line from its second attempt (CI), as if started while the
+    # preemptor still waited for the CPUs and preempted again mid-launch. So: the preemptor has
+    # run (preempt returns then), and every first attempt's process is gone.
+    preempt(slurm, tmp_path, [job for pair in jobs.values() for job in pair])
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=submitter.uri)
     for pair in jobs.values():
         for job in pair:
-            # Slurm makes a requeued job wait about two minutes (its BeginTime); no need here.
             job.wait_state({"PENDING"})
+    for job_id, (_run_id, pid) in first.items():
+        assert wait_gone(pid, TIMEOUT), f"job {job_id}: first attempt's pid {pid} still alive"
+    for pair in jobs.values():
+        for job in pair:
             now = time.strftime("%Y-%m-%dT%H:%M:%S")  # 22.05 refuses "now" here
             slurm.run("scontrol", "update", f"JobId={job.id}", f"StartTime={now}")
     for shape, (guarded, raw) in jobs.items():
