@@ -89,12 +89,17 @@ def install(**options: object) -> None:
         _replay_journal_in_background()
         if not _builtin_handles:
             _register_builtins(parsed, lifecycle)
-        if parsed.mlflow and parsed.heartbeat > 0 and "mlflow.tracking.fluent" in sys.modules:
-            # mlflow already loaded: a program that only resumes a run (no new run, so no
-            # context-provider call) still needs the heartbeat that adopts it.
-            from lifeguard.backends.mlflow.heartbeat import start_for
+        if parsed.mlflow and "mlflow.tracking.fluent" in sys.modules:
+            # mlflow already loaded (its import did not find lifeguard installed).
+            from lifeguard.backends.mlflow.finalizer import preload_the_signal_path
 
-            start_for(parsed.heartbeat)
+            preload_the_signal_path()
+            if parsed.heartbeat > 0:
+                # A program that only resumes a run (no new run, so no context-provider call)
+                # still needs the heartbeat that adopts it.
+                from lifeguard.backends.mlflow.heartbeat import start_for
+
+                start_for(parsed.heartbeat)
 
 
 def install_at_start() -> None:

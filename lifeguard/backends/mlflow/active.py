@@ -11,6 +11,7 @@ the fluent module they found in ``sys.modules``.
 from __future__ import annotations
 
 import os
+import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -24,8 +25,10 @@ __all__ = [
     "extra_tags",
     "note_created_outside_fluent",
     "owned_active_runs",
+    "raised_in_run_change",
     "runs_created_outside_fluent",
     "tag_new_runs",
+    "uncaught",
 ]
 
 # The pid that resolved context tags outside mlflow.start_run (Lightning's MLFlowLogger does,
@@ -90,3 +93,35 @@ def runs_created_outside_fluent(
     known = set(known)
     found = mlflow_runs.find_running_owned_by(client, me)  # type: ignore[arg-type]
     return [run_id for run_id in found if run_id not in known]
+
+
+def uncaught() -> BaseException | None:
+    """The uncaught exception the interpreter is exiting with (3.12's ``sys.last_exc``, or
+    ``sys.last_value`` before), if any."""
+    exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    return exc if isinstance(exc, BaseException) else None
+
+
+def raised_in_run_change() -> bool:
+    """Whether the uncaught exception may have left a run RUNNING on no stack: it came through
+    ``end_run``, or through ``start_run`` once that had a run in hand (its ``active_run_obj``)
+    or was creating one (a ``create_run`` call under it). A ``start_run`` that failed before
+    (the store could not be opened: a server down, SQLAlchemy's warning under ``python -W
+    error``) left no run, and there is nothing to search for: no client is built, nothing said.
+
+    Here, not in plan.py: the finalizer asks it to decide whether there is anything to do, and
+    a process with no run must not load the plan to learn that there is not."""
+    exc = uncaught()
+    tb = getattr(exc, "__traceback__", None)
+    in_start_run = False
+    while tb is not None:
+        frame = tb.tb_frame
+        code = frame.f_code
+        if code.co_filename.endswith("fluent.py") and code.co_name in ("start_run", "end_run"):
+            if code.co_name == "end_run" or "active_run_obj" in frame.f_locals:
+                return True
+            in_start_run = True
+        elif in_start_run and code.co_name == "create_run":
+            return True
+        tb = tb.tb_next
+    return False

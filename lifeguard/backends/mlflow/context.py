@@ -18,6 +18,7 @@ import sys
 from mlflow.tracking.context.abstract_context import RunContextProvider
 
 from lifeguard.backends.mlflow import active
+from lifeguard.backends.mlflow.finalizer import preload_the_signal_path
 from lifeguard.backends.mlflow.heartbeat import now_ms, start_for
 from lifeguard.lifecycle import current
 from lifeguard.names import TAG_HEARTBEAT, TAG_HEARTBEAT_INTERVAL
@@ -61,6 +62,7 @@ def _preload_exit_path() -> None:
     import contextvars  # noqa: F401
     import threading  # noqa: F401
 
+    import lifeguard.backends.mlflow.plan
     import lifeguard.backends.mlflow.runs
     import lifeguard.outcome  # noqa: F401
 
@@ -119,6 +121,7 @@ def _start_heartbeat_if_installed() -> None:
     if lifecycle is not None and lifecycle.is_installed() and lifecycle.options.mlflow:
         start_for(lifecycle.options.heartbeat)
         _front_at_shutdown()
+        preload_the_signal_path()
 
 
 def _front_at_shutdown() -> None:

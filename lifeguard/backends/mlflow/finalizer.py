@@ -20,7 +20,16 @@ if TYPE_CHECKING:
     from lifeguard.backends.mlflow.plan import Plan
     from lifeguard.outcome import Outcome
 
-__all__ = ["MlflowFinalizer"]
+__all__ = ["MlflowFinalizer", "preload_the_signal_path"]
+
+
+def preload_the_signal_path() -> None:
+    """Import now what dying of a signal imports even with no run to end (the outcome), so that
+    the death is not later by that import: about 1.8 ms, 1.2x the same death without lifeguard.
+    Called once mlflow is loaded, whose import has cost a second or more already; a program
+    that loads no tracker keeps ``install()`` as cheap as it is. (What ending a run needs is
+    loaded at ``start_run``: backends.mlflow.context.)"""
+    import lifeguard.outcome  # noqa: F401
 
 
 class MlflowFinalizer:
@@ -56,9 +65,7 @@ class MlflowFinalizer:
                 return True
         if active.created_outside_fluent_here():
             return True
-        from lifeguard.backends.mlflow.plan import raised_in_run_change
-
-        return raised_in_run_change()
+        return active.raised_in_run_change()
 
     def not_ours(self) -> frozenset[str]:
         """The runs on the stacks that this process must leave alone."""

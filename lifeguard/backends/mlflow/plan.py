@@ -9,11 +9,11 @@ loads the finalizer alone (finalizer.py), which is all a program that never logs
 
 from __future__ import annotations
 
-import sys
-
 from lifeguard._log import logger
 from lifeguard._threads import take_no_signals
 from lifeguard.backends.mlflow import active
+from lifeguard.backends.mlflow.active import raised_in_run_change
+from lifeguard.backends.mlflow.active import uncaught as _uncaught
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from lifeguard.outcome import Outcome
     from lifeguard.owner import Owner
 
-__all__ = ["FLUSH_CHUNK", "Plan", "raised_in_run_change"]
+__all__ = ["FLUSH_CHUNK", "Plan"]
 
 
 class Plan:
@@ -277,35 +277,6 @@ def _run_end_run_was_ending() -> str | None:
             return run_id if isinstance(run_id, str) else None
         tb = tb.tb_next
     return None
-
-
-def _uncaught() -> BaseException | None:
-    """The uncaught exception the interpreter is exiting with (3.12's ``sys.last_exc``, or
-    ``sys.last_value`` before), if any."""
-    exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
-    return exc if isinstance(exc, BaseException) else None
-
-
-def raised_in_run_change() -> bool:
-    """Whether the uncaught exception may have left a run RUNNING on no stack: it came through
-    ``end_run``, or through ``start_run`` once that had a run in hand (its ``active_run_obj``)
-    or was creating one (a ``create_run`` call under it). A ``start_run`` that failed before
-    (the store could not be opened: a server down, SQLAlchemy's warning under ``python -W
-    error``) left no run, and there is nothing to search for: no client is built, nothing said."""
-    exc = _uncaught()
-    tb = getattr(exc, "__traceback__", None)
-    in_start_run = False
-    while tb is not None:
-        frame = tb.tb_frame
-        code = frame.f_code
-        if code.co_filename.endswith("fluent.py") and code.co_name in ("start_run", "end_run"):
-            if code.co_name == "end_run" or "active_run_obj" in frame.f_locals:
-                return True
-            in_start_run = True
-        elif in_start_run and code.co_name == "create_run":
-            return True
-        tb = tb.tb_next
-    return False
 
 
 def _exiting() -> bool:
