@@ -240,11 +240,11 @@ def preempt(slurm: Slurm, tmp: Path, victims: list[Job]) -> None:
     preemptor then fits beside the victims, preempts nothing, and runs; another, sized anew,
     follows (seen: a victim still RUNNING 90 s later)."""
     total = int(slurm.run("sinfo", "-h", "-N", "-o", "%c").split()[0])
+    script = tmp / "preemptor.sh"
+    script.write_text("#!/bin/bash\ntrue\n")
     for attempt in range(3):
         held = slurm.run("squeue", "-h", "-t", "R", "-p", "high", "-o", "%C").split()
         cpus = total - sum(int(n) for n in held)
-        script = tmp / "preemptor.sh"
-        script.write_text("#!/bin/bash\ntrue\n")
         log = tmp / f"preemptor-{attempt}.log"
         out = slurm.run(
             "sbatch", "--parsable", "--partition=high", f"--cpus-per-task={cpus}",

@@ -63,8 +63,9 @@ def _preload_exit_path() -> None:
     import threading  # noqa: F401
 
     import lifeguard.backends.mlflow.plan
-    import lifeguard.backends.mlflow.runs
-    import lifeguard.outcome  # noqa: F401
+    import lifeguard.backends.mlflow.runs  # noqa: F401
+
+    preload_the_signal_path()
 
 
 class OwnerRunContext(RunContextProvider):
