@@ -457,10 +457,14 @@ def test_requeue_resumes_the_run(submitter: Submitter, slurm: Slurm, tmp_path: P
             job.wait_state({"PENDING"})
     for job_id, (_run_id, pid) in first.items():
         assert wait_gone(pid, TIMEOUT), f"job {job_id}: first attempt's pid {pid} still alive"
+    # Two seconds on: slurmd revoked the first attempt's job credential when it killed it, to
+    # the second, and refuses a launch whose credential is from that same second ("Killing
+    # non-startable batch job: Job credential revoked", then FAILED: seen in CI, 0.2 s after
+    # the requeue).
+    soon = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() + 2))  # not "now": 22.05
     for pair in jobs.values():
         for job in pair:
-            now = time.strftime("%Y-%m-%dT%H:%M:%S")  # 22.05 refuses "now" here
-            slurm.run("scontrol", "update", f"JobId={job.id}", f"StartTime={now}")
+            slurm.run("scontrol", "update", f"JobId={job.id}", f"StartTime={soon}")
     for shape, (guarded, raw) in jobs.items():
         results = {}
         for who, job in (("lifeguard", guarded), ("raw", raw)):
