@@ -1,7 +1,7 @@
 /* lifeguard._ears: hear a signal at the instant it comes, and do nothing else.
 
    For each signal registered, a C handler stands in front of the one in place (CPython's): at
-   delivery it writes one byte, the signal's number, to that signal's pipe, then calls the
+   delivery it writes one byte, the signal's number, to the listener's pipe, then calls the
    handler it found, which trips the Python-level handler and writes the program's wakeup fd
    exactly as without lifeguard. write(2) is async-signal-safe; nothing else is touched.
 
@@ -20,6 +20,7 @@
 #include <Python.h>
 
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <string.h>
 #include <unistd.h>
@@ -186,10 +187,45 @@ ears_is_registered(PyObject *module, PyObject *args)
     return PyBool_FromLong(is_ours(&current));
 }
 
+PyDoc_STRVAR(pipe_doc,
+"pipe(floor) -> (read_fd, write_fd)\n--\n\n"
+"os.pipe(), each end moved to the lowest free number at or above floor (close-on-exec), or left\n"
+"where it was if none is free up there. For the pipe this module's handler writes, and\n"
+"lifeguard._fds.pipe: without the fcntl module, a shared library that install() would load only\n"
+"for this.");
+
+/* The F_DUPFD_CLOEXEC of lifeguard._fds.out_of_the_way: the low end is closed once moved. */
+static int
+move_up(int fd, int floor)
+{
+    int high = fcntl(fd, F_DUPFD_CLOEXEC, floor);
+    if (high < 0) {
+        return fd;
+    }
+    (void)close(fd);
+    return high;
+}
+
+static PyObject *
+ears_pipe(PyObject *module, PyObject *args)
+{
+    int floor, fds[2];
+    if (!PyArg_ParseTuple(args, "i:pipe", &floor)) {
+        return NULL;
+    }
+    if (pipe2(fds, O_CLOEXEC) != 0) {
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    int read_fd = move_up(fds[0], floor);
+    int write_fd = move_up(fds[1], floor);
+    return Py_BuildValue("(ii)", read_fd, write_fd);
+}
+
 static PyMethodDef ears_methods[] = {
     {"register", ears_register, METH_VARARGS, register_doc},
     {"unregister", ears_unregister, METH_VARARGS, unregister_doc},
     {"is_registered", ears_is_registered, METH_VARARGS, is_registered_doc},
+    {"pipe", ears_pipe, METH_VARARGS, pipe_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -7,8 +7,9 @@ uvloop each take it for their loop, uvloop through a function it bound when it w
 of anyone's reach. So lifeguard leaves it alone.
 
 Instead, for each signal it must hear, a C handler of lifeguard's own (``lifeguard._ears``)
-stands in front of CPython's: at delivery it writes one byte to that signal's own pipe, then
-calls CPython's handler, which trips the Python-level handler and writes the program's wakeup fd
+stands in front of CPython's: at delivery it writes one byte, the signal's number, to the pipe
+the listener reads (one pipe for every signal: one blocking read, no ``select``), then calls
+CPython's handler, which trips the Python-level handler and writes the program's wakeup fd
 exactly as without lifeguard. It does nothing else: no frame of any thread is read (faulthandler's
 chained handler, which dumps tracebacks first, turns a SIGTERM into a SIGSEGV now and then; see
 _ears.c). It writes whichever thread the kernel hands the signal to, Python's or a C library's.
@@ -55,33 +56,35 @@ def _c_handler() -> ModuleType | None:
 
 
 class Ears:
-    """One pipe per signal, and lifeguard's C handler registered for those heard now."""
+    """The pipe the listener reads, and lifeguard's C handler registered for the signals heard
+    now: each delivery of one writes its number there."""
 
     def __init__(self) -> None:
-        self._pipes: dict[int, tuple[int, int]] = {}  # signum -> (read end, write end)
+        self._ends: tuple[int, int] | None = None  # (read end, write end)
         self.heard: set[int] = set()
         # hear() and deafen() come from the main thread and from the ender (see SignalWatch);
         # re-entrant, because the main thread's own Python-level handler may come in between.
         self._lock = _thread.RLock()
 
-    def open(self, signals: frozenset[int] | set[int] | list[int]) -> None:
-        for signum in signals:
-            if signum in self._pipes:
-                continue
-            read_fd, write_fd = pipe()
-            os.set_blocking(write_fd, False)  # a handler must never block: a full pipe drops
-            os.set_blocking(read_fd, False)
-            self._pipes[signum] = (read_fd, write_fd)
+    def open(self) -> None:
+        if self._ends is not None:
+            return
+        read_fd, write_fd = pipe()
+        # A handler must never block: a full pipe drops the byte (the listener has a few
+        # thousand unread ones then, and needs no more). The read end blocks: the listener
+        # sleeps in read() until a signal comes.
+        os.set_blocking(write_fd, False)
+        self._ends = (read_fd, write_fd)
 
     @property
     def is_open(self) -> bool:
-        return bool(self._pipes)
+        return self._ends is not None
 
     def hear(self, signum: int) -> None:
         """From now on, a delivery of ``signum`` is heard. Its Python-level handler must be a
         callable (lifeguard's, or Python's ``default_int_handler``), so that the C handler
         found in place, and chained to, is CPython's."""
-        ends = self._pipes.get(signum)
+        ends = self._ends
         _ears = _c_handler()
         if ends is None or _ears is None:
             return
@@ -102,65 +105,57 @@ class Ears:
                 _ears.unregister(signum)
             self.heard.discard(signum)
 
-    def listen(self) -> tuple[int, ...]:
-        """The read ends, for :meth:`wait` (the listener takes them once, at its start)."""
-        return tuple(read_fd for read_fd, _ in self._pipes.values())
-
-    def signal_of(self, read_fd: int) -> int | None:
-        for signum, (fd, _) in self._pipes.items():
-            if fd == read_fd:
-                return signum
-        return None
+    def listen(self) -> int:
+        """The read end, for :func:`wait` (the listener takes it once, at its start)."""
+        assert self._ends is not None, "open() first"
+        return self._ends[0]
 
     def close(self) -> None:
-        """Hear nothing more; the listener, reading end-of-file, ends and closes the read ends."""
+        """Hear nothing more; the listener, reading end-of-file, ends and closes the read end."""
         with self._lock:
             for signum in list(self.heard):
                 self.deafen(signum)
-            pipes, self._pipes = self._pipes, {}
-        for _, write_fd in pipes.values():
-            os.close(write_fd)
+            ends, self._ends = self._ends, None
+        if ends is not None:
+            os.close(ends[1])
 
     def forget_after_fork(self) -> None:
-        """In a forked child: the pipes are the parent's, and no listener of this process reads
-        them. The child's deliveries go to CPython's handler alone, as before lifeguard."""
+        """In a forked child: the pipe is the parent's, and no listener of this process reads
+        it. The child's deliveries go to CPython's handler alone, as before lifeguard."""
         _ears = _c_handler()
         if _ears is not None:
             for signum in self.heard:
                 _ears.unregister(signum)
         self.heard = set()
         self._lock = _thread.RLock()  # another thread of the parent may have held it
-        pipes, self._pipes = self._pipes, {}
-        for ends in pipes.values():
-            for fd in ends:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+        ends, self._ends = self._ends, None
+        for fd in ends or ():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
 
-def wait(read_fds: tuple[int, ...], timeout: float | None) -> list[int] | None:
-    """Block until some of ``read_fds`` have data (those, each once, their data consumed) or
-    ``timeout`` seconds pass ([]). None once the pipes are closed. poll, not select: the fds
-    sit high, where select's limit may be."""
-    import select
+def wait(read_fd: int, timeout: float | None) -> list[int] | None:
+    """Block until signals were heard (their numbers, each once, in the order they came) or
+    ``timeout`` seconds pass ([]). None once the pipe is closed. With no timeout (all but the
+    last second of a finalization), a plain blocking read: ``select`` is loaded only for one."""
+    if timeout is not None:
+        import select
 
-    poller = select.poll()
-    for fd in read_fds:
-        poller.register(fd, select.POLLIN)
+        poller = select.poll()  # poll, not select: the fd sits high, where select's limit may be
+        poller.register(read_fd, select.POLLIN)
+        try:
+            if not poller.poll(max(0, int(timeout * 1000) + 1)):
+                return []
+        except InterruptedError:
+            return []
     try:
-        events = poller.poll(None if timeout is None else max(0, int(timeout * 1000) + 1))
+        data = os.read(read_fd, 4096)
     except InterruptedError:
         return []
-    ready = []
-    for fd, _ in events:
-        try:
-            data = os.read(fd, 65536)
-        except BlockingIOError:
-            continue
-        except OSError:
-            return None
-        if not data:
-            return None
-        ready.append(fd)
-    return ready
+    except OSError:
+        return None
+    if not data:
+        return None
+    return list(dict.fromkeys(data))

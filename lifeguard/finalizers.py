@@ -19,7 +19,6 @@ from __future__ import annotations
 import _thread
 import time
 
-from lifeguard._log import logger
 from lifeguard._threads import take_signals_as_the_program
 
 TYPE_CHECKING = False
@@ -196,6 +195,8 @@ def _prepare(handle: Handle, outcome: Outcome) -> None:
     try:
         prepare(outcome)
     except Exception as exc:  # noqa: BLE001 - the finalizer itself still runs
+        from lifeguard._log import logger
+
         logger().error("preparing finalizer %r failed: %s", handle.name, exc)
 
 
@@ -214,6 +215,8 @@ def _applies(handle: Handle) -> bool:
 def _run_one(handle: Handle, outcome: Outcome, timeout: float) -> Report:
     import contextvars  # these two only now, at exit: ~3 ms to import together
     import threading
+
+    from lifeguard._log import logger  # and logging: not loaded by install()
 
     log = logger()
     box: list[BaseException | None] = []

@@ -9,7 +9,6 @@ one does. See :func:`replay_due`.
 
 from __future__ import annotations
 
-import errno
 import os
 import stat
 import time
@@ -76,7 +75,11 @@ def _read_private(path: str, limit: int) -> tuple[bytes, os.stat_result]:
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags)
+    except FileNotFoundError:  # the common case (no stamp yet), without loading errno
+        raise
     except OSError as exc:
+        import errno
+
         if exc.errno in (errno.ELOOP, errno.EMLINK):  # O_NOFOLLOW's answer to a symlink
             raise Untrusted("is a symbolic link") from None
         raise

@@ -13,7 +13,6 @@ import os
 import sys
 import time
 
-from lifeguard._log import logger
 from lifeguard.finalizers import Registry
 from lifeguard.hooks import ProcessHooks
 from lifeguard.signals import die
@@ -218,6 +217,8 @@ class Lifecycle:
         signals = self.hooks.signals
         try:
             if "logging" in sys.modules:  # never import logging just for this line
+                from lifeguard._log import logger
+
                 logger().debug("finalizing with %r", outcome)
             signals.guard()  # from the main thread: a Ctrl-C now ends the process
             try:

@@ -265,13 +265,20 @@ def _accepted() -> str:
     )
 
 
+# Each signal's usual name, by number: made once, at the first install() (sorting the
+# module's names for each signal cost a tenth of install()'s own work).
+_NAMES: dict[int, str] = {}
+
+
 def _signal_name(signum: int) -> str:
-    # Aliases (SIGCLD/SIGCHLD, SIGIOT/SIGABRT) sort after the usual name.
-    for name in sorted(dir(_signal)):
-        is_signal = name.startswith("SIG") and not name.startswith(("SIG_", "SIGRTM"))
-        if is_signal and getattr(_signal, name) == signum:
-            return name
-    return f"signal {signum}"
+    if not _NAMES:
+        # Aliases (SIGCLD/SIGCHLD, SIGIOT/SIGABRT) sort after the usual name, which stays.
+        for name in sorted(dir(_signal)):
+            if name.startswith("SIG") and not name.startswith(("SIG_", "SIGRTM")):
+                value = getattr(_signal, name)
+                if isinstance(value, int):
+                    _NAMES.setdefault(int(value), name)
+    return _NAMES.get(signum, f"signal {signum}")
 
 
 def seconds_range(zero: bool) -> str:

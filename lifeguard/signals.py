@@ -1,10 +1,11 @@
 """How a signal becomes a status: one path, from delivery to death.
 
 1. ``install()`` gives each hooked signal a Python-level handler (so that CPython's C-level
-   handler catches it) and, in front of that C handler, lifeguard's own, which writes to a pipe
-   of that signal's that one *listener* thread reads (``lifeguard.ears``). The wakeup fd stays
-   the program's: asyncio, trio and uvloop take it for their loops, whenever they like.
-2. At delivery, that pipe gets written, whatever the main thread is doing: running Python, stuck
+   handler catches it) and, in front of that C handler, lifeguard's own, which writes the
+   signal's number to the pipe that one *listener* thread reads (``lifeguard.ears``). The
+   wakeup fd stays the program's: asyncio, trio and uvloop take it for their loops, whenever
+   they like.
+2. At delivery, the pipe gets written, whatever the main thread is doing: running Python, stuck
    in a C call, or interrupted in the middle of a store write while holding sqlite's lock, an
    import lock or stdout's lock. Only while lifeguard's handler is the one in place: a signal is
    lifeguard's if it came then, however late the listener reads it.
@@ -42,7 +43,7 @@ import sys
 import time
 
 from lifeguard._threads import remember_the_programs_mask, take_no_signals
-from lifeguard.ears import Ears
+from lifeguard.ears import Ears, wait
 from lifeguard.names import PACKAGES
 
 TYPE_CHECKING = False
@@ -431,9 +432,8 @@ class SignalWatch:
         if self._listening:
             return
         self._listening = True
-        # A pipe for every hooked signal: Ctrl-C's is heard only once the process is ending.
-        self.ears.open(set(self.saved))
-        _thread.start_new_thread(self._listen, (self.ears, self.ears.listen()))
+        self.ears.open()
+        _thread.start_new_thread(self._listen, (self.ears.listen(),))
 
     def _stop_listener(self) -> None:
         if not self._listening:
@@ -505,29 +505,23 @@ class SignalWatch:
 
     # -- the listener thread -------------------------------------------------------------------
 
-    def _listen(self, ears: Ears, read_fds: tuple[int, ...]) -> None:
-        """What is in a signal's pipe came while lifeguard's handler was the one in place (see
+    def _listen(self, read_fd: int) -> None:
+        """What is in the pipe came while lifeguard's handler was the one in place (see
         lifeguard.ears): lifeguard's signal, however late this thread reads it."""
-        from lifeguard.ears import wait
-
         take_no_signals()
-        signals = {fd: ears.signal_of(fd) for fd in read_fds}
         while True:
             die_by = self.die_by
-            ready = wait(read_fds, None if die_by is None else die_by - time.monotonic())
-            if ready is None:
-                for fd in read_fds:
-                    os.close(fd)
+            heard = wait(read_fd, None if die_by is None else die_by - time.monotonic())
+            if heard is None:
+                os.close(read_fd)
                 return
-            if not ready:
+            if not heard:
                 if self.die_by is not None and time.monotonic() >= self.die_by:
                     self._overdue()
                 continue
             now = _signal_time()
-            for fd in ready:
-                signum = signals.get(fd)
-                if signum is not None:
-                    self.notice(signum, now, escalate=True)
+            for signum in heard:
+                self.notice(signum, now, escalate=True)
             self._bound_the_wait()
 
     def _bound_the_wait(self) -> None:

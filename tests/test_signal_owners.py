@@ -190,11 +190,11 @@ HEAR_USR1 = """
 from lifeguard.ears import Ears, wait
 signal.signal(signal.SIGUSR1, lambda *_: None)
 ears = Ears()
-ears.open([signal.SIGUSR1])
+ears.open()
 ears.hear(signal.SIGUSR1)
 heard = []
-def listen(fds=ears.listen()):
-    while (ready := wait(fds, None)) is not None:
+def listen(fd=ears.listen()):
+    while (ready := wait(fd, None)) is not None:
         heard.extend(ready)
 threading.Thread(target=listen, daemon=True).start()
 """
@@ -205,7 +205,8 @@ def test_a_storm_of_heard_signals_never_crashes_the_program(tmp_path: Path) -> N
     while threads come and go and the main thread is deep in calls: the program lives on,
     heard them, and exits as it chooses. (faulthandler's handler, which lifeguard once stood in
     front of CPython's, crashed such a program within a few dozen signals.)"""
-    path = program(tmp_path, "storm", CHURN, setup=HEAR_USR1, done="os._exit(0 if heard else 3)")
+    heard_usr1 = "os._exit(0 if set(heard) == {signal.SIGUSR1} else 3)"
+    path = program(tmp_path, "storm", CHURN, setup=HEAR_USR1, done=heard_usr1)
     proc = subprocess.Popen(
         [sys.executable, str(path)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

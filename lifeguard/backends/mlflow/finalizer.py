@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import sys
 
-from lifeguard.backends.mlflow import active
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from lifeguard.backends.mlflow.plan import Plan
@@ -29,6 +27,7 @@ def preload_the_signal_path() -> None:
     Called once mlflow is loaded, whose import has cost a second or more already; a program
     that loads no tracker keeps ``install()`` as cheap as it is. (What ending a run needs is
     loaded at ``start_run``: backends.mlflow.context.)"""
+    import lifeguard.backends.mlflow.active  # what applies() asks first
     import lifeguard.outcome  # noqa: F401
 
 
@@ -52,6 +51,8 @@ class MlflowFinalizer:
         fluent = sys.modules.get("mlflow.tracking.fluent")
         if fluent is None:
             return False
+        from lifeguard.backends.mlflow import active  # with mlflow: preloaded (above)
+
         if self._plan is not None and self._plan.entries:
             return True
         skip = self.not_ours()
