@@ -103,7 +103,8 @@ class Program:
         return self.proc.wait(CHILD_TIMEOUT)
 
     def kill(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # the whole session is gone already
+            os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(CHILD_TIMEOUT)
 
 
@@ -425,6 +426,31 @@ def test_the_watchdog_beats_while_the_program_holds_the_gil(mlflow_server: Mlflo
         # Well before the release: a beat of the program's own thread, once it runs again, is
         # stamped about when the GIL is let go (maybe just before the release's own stamp).
         assert held_at < beat < int(released.split()[1]) - 5000
+    finally:
+        program.kill()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_watchdog_never_beats_for_a_run_past_its_end(mlflow_server: MlflowServer) -> None:
+    """SIGTERM, and the program's own finalizer then takes 4 s before the runs are ended: its
+    heartbeat stopped at the signal, but the watchdog must not take that silence for a stall
+    and beat for it (1.5 intervals on). A beat then would say the run lived past the end time
+    it is given, the time of the signal."""
+    client = MlflowClient(tracking_uri=mlflow_server.uri)
+    program = Program(mlflow_server.uri, "--watchdog", "--slow-ending", "4")
+    try:
+        first = client.get_run(program.run_id).data.tags["lifeguard.heartbeat"]
+        # A beat of the heartbeat thread's, which is told to the watchdog with the run's id.
+        deadline = time.monotonic() + 60
+        while client.get_run(program.run_id).data.tags["lifeguard.heartbeat"] == first:
+            assert time.monotonic() < deadline, "no beat of the program's own"
+            time.sleep(0.2)  # a poll of the server's state, not a synchronisation
+        program.proc.send_signal(signal.SIGTERM)
+        assert program.proc.wait(CHILD_TIMEOUT) == -signal.SIGTERM, program.stderr()
+        run = client.get_run(program.run_id)
+        assert run.info.status == "KILLED"
+        assert int(run.data.tags["lifeguard.heartbeat"]) <= run.info.end_time
     finally:
         program.kill()
 

@@ -8,7 +8,8 @@ resume that run (``mlflow.start_run(run_id=...)``) instead of starting new ones,
 evaluation script does after training. ``--metric``: log one metric once ready.
 ``--watchdog``: install(watchdog=True). ``--hold-gil S``: once ready, beat once and then hold
 the GIL for S seconds in one C call (as a C extension's long loop does), printing ``HOLDING
-<epoch ms>`` before and ``RELEASED <epoch ms>`` after.
+<epoch ms>`` before and ``RELEASED <epoch ms>`` after. ``--slow-ending S``: a finalizer of
+the program's own takes S seconds (it runs before the MLflow finalizer ends the runs).
 """
 
 from __future__ import annotations
@@ -25,12 +26,17 @@ parser.add_argument("--resume")
 parser.add_argument("--metric", action="store_true")
 parser.add_argument("--watchdog", action="store_true")
 parser.add_argument("--hold-gil", type=float)
+parser.add_argument("--slow-ending", type=float)
 args = parser.parse_args()
 
 if not args.plain:
     import lifeguard
 
     lifeguard.install(watchdog=args.watchdog)
+    if args.slow_ending:
+        import time
+
+        lifeguard.register(lambda outcome: time.sleep(args.slow_ending), name="slow")
 
 import mlflow  # noqa: E402 - after install(), as a program adopting lifeguard writes it
 

@@ -63,6 +63,8 @@ class Heartbeat:
         # Runs whose owner tags this process has written (resumed runs it adopted).
         self._adopted: set[str] = set()
         self._cycle = 0  # beats told to a watchdog
+        # Held while telling the watchdog: what stop() tells it comes after any beat's line.
+        self._telling = threading.Lock()
 
     def ensure_started(self) -> None:
         if self.interval <= 0 or self._stop.is_set():
@@ -76,7 +78,12 @@ class Heartbeat:
         self._thread.start()
 
     def stop(self) -> None:
+        """No beat from now on (the process is finalizing), and none for this process from its
+        watchdog either: the silence that follows is not a stall for it to beat through, and a
+        beat of its would land after the runs' end time."""
         self._stop.set()
+        if self._cycle:  # a watchdog was told of beats
+            self._tell_watchdog({})
 
     def rearm(self) -> None:
         """After ``lifeguard.finish()``: runs started later get beats again."""
@@ -214,17 +221,25 @@ class Heartbeat:
         channel = lifecycle.channel if lifecycle is not None else None
         if channel is None or channel.role != WATCHDOG:
             return
-        self._cycle += 1
-        head = f"{self._cycle} {self.interval:g}"
-        lines = []
-        for uri, run_ids in by_store.items():
-            if not uri.startswith(("http://", "https://")):
-                continue
-            for start in range(0, len(run_ids), BEAT_LINE_RUNS):
-                chunk = " ".join(run_ids[start : start + BEAT_LINE_RUNS])
-                lines.append(f"{head} {redact_uri(uri)} {chunk}")
-        for line in lines or [f"{head} -"]:
-            channel.send("beat", line)
+        # Bounded: a lock a forked child inherited held is never released in it.
+        if not self._telling.acquire(timeout=1.0):
+            return
+        try:
+            if self._stop.is_set():
+                by_store = {}  # stopped meanwhile: "no runs", after this beat's line if any
+            self._cycle += 1
+            head = f"{self._cycle} {self.interval:g}"
+            lines = []
+            for uri, run_ids in by_store.items():
+                if not uri.startswith(("http://", "https://")):
+                    continue
+                for start in range(0, len(run_ids), BEAT_LINE_RUNS):
+                    chunk = " ".join(run_ids[start : start + BEAT_LINE_RUNS])
+                    lines.append(f"{head} {redact_uri(uri)} {chunk}")
+            for line in lines or [f"{head} -"]:
+                channel.send("beat", line)
+        finally:
+            self._telling.release()
 
 
 def _resume_again(client: MlflowClient, run_id: str) -> None:
