@@ -70,8 +70,8 @@ class Ears:
         if self._ends is not None:
             return
         read_fd, write_fd = pipe()
-        # A handler must never block: a full pipe drops the byte (the listener has a few
-        # thousand unread ones then, and needs no more). The read end blocks: the listener
+        # A handler must never block: a full pipe drops the byte (64 KiB of deliveries unread,
+        # the first of which the listener has yet to act on). The read end blocks: the listener
         # sleeps in read() until a signal comes.
         os.set_blocking(write_fd, False)
         self._ends = (read_fd, write_fd)

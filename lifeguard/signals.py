@@ -318,6 +318,9 @@ class SignalWatch:
         self.ending = False
         # Set while the main thread waits at its park (the ender need not wait for it).
         self.parked_now = False
+        # Set while the main thread runs lifeguard's handler for a taken-over signal (see
+        # handler): a delivery in the middle of it is the listener's alone.
+        self._handling = False
         # Never released: a parked thread waits on it for the death that follows finalizing.
         self._death = _thread.allocate_lock()
         self._death.acquire()
@@ -513,7 +516,10 @@ class SignalWatch:
             die_by = self.die_by
             heard = wait(read_fd, None if die_by is None else die_by - time.monotonic())
             if heard is None:
-                os.close(read_fd)
+                try:
+                    os.close(read_fd)
+                except OSError:  # closed already (a daemonizing program's closerange)
+                    pass
                 return
             if not heard:
                 if self.die_by is not None and time.monotonic() >= self.die_by:
@@ -711,28 +717,43 @@ class SignalWatch:
                 return
             die_by_signal(signum)
         if signum in self.takeover:
-            if lifecycle.is_done():
-                die_by_signal(signum)  # finish() already ran: the default action, as before
-            self.notice(signum, _signal_time(), escalate=False)
-            if self.ending and self.main_context is None:
-                import contextvars
-
-                # The finalizers run in the ending thread's context, as they would inline: a
-                # tracker that keeps its current run in a ContextVar (trackio) finds it there.
-                self.main_context = contextvars.copy_context()
-            if self.ending:
-                # A Ctrl-C from now on ends the process at once, rather than raise
-                # KeyboardInterrupt into a main thread that waits for its death.
-                self.guard()
-                if _holds_nothing(frame):
-                    # Interrupted outside every tracker, import and logging call: nothing the
-                    # finalizers need is held here. Wait right here for the ender to end the
-                    # process: the program does no more than it would have without lifeguard.
-                    self._park()
-                else:
-                    self._park_at_next_tracker_call()
+            if self._handling:
+                # Delivered while this handler runs for an earlier one (a storm of SIGTERMs):
+                # the listener heard it and escalates if it must; the call below parks. Nested,
+                # it would park again, one frame per delivery, and raise into whatever the outer
+                # call was importing (contextvars, half made), leaving the import lock held:
+                # the ender, importing too, then waited for ever.
+                return
+            self._handling = True
+            try:
+                self._take_over(signum, frame, lifecycle)
+            finally:
+                self._handling = False
             return
         self._chain(signum, previous, frame)
+
+    def _take_over(self, signum: int, frame: FrameType | None, lifecycle: Finalization) -> None:
+        """The main thread's part in dying of a signal lifeguard took over."""
+        if lifecycle.is_done():
+            die_by_signal(signum)  # finish() already ran: the default action, as before
+        self.notice(signum, _signal_time(), escalate=False)
+        if self.ending and self.main_context is None:
+            import contextvars
+
+            # The finalizers run in the ending thread's context, as they would inline: a
+            # tracker that keeps its current run in a ContextVar (trackio) finds it there.
+            self.main_context = contextvars.copy_context()
+        if self.ending:
+            # A Ctrl-C from now on ends the process at once, rather than raise
+            # KeyboardInterrupt into a main thread that waits for its death.
+            self.guard()
+            if _holds_nothing(frame):
+                # Interrupted outside every tracker, import and logging call: nothing the
+                # finalizers need is held here. Wait right here for the ender to end the
+                # process: the program does no more than it would have without lifeguard.
+                self._park()
+            else:
+                self._park_at_next_tracker_call()
 
     def _chain(self, signum: int, previous: Handler, frame: FrameType | None) -> None:
         """A handler that was there before lifeguard: the program (or Ray, or Python's own
@@ -820,10 +841,15 @@ class SignalWatch:
         and a run it starts then (stress trial: a nested start_run, created on the server just
         before the death) is one nobody ends. Bounded, should the death not come."""
         self.parked_now = True
-        lifecycle = self._lifecycle
-        lifecycle.wait_finalized(lifecycle.deadline + 5.0)
-        if self.ending:
-            self._death.acquire(timeout=DEATH_WAIT)
+        # Deliveries meanwhile are the listener's (see handler): parked once, not once each.
+        handling, self._handling = self._handling, True
+        try:
+            lifecycle = self._lifecycle
+            lifecycle.wait_finalized(lifecycle.deadline + 5.0)
+            if self.ending:
+                self._death.acquire(timeout=DEATH_WAIT)
+        finally:
+            self._handling = handling
 
 
 def _another(signum: int, at: float, first: tuple[int, float]) -> bool:

@@ -248,6 +248,45 @@ def test_sigterm_at_any_instant_of_a_busy_program_is_death_by_sigterm(tmp_path: 
         assert result.returncode == -signal.SIGTERM, (where, result.stderr)
 
 
+SPIN = """
+import os
+{install}
+os.write(1, b"LIFEGUARD-READY {}\\n")
+while True:
+    pass
+"""
+
+
+@pytest.mark.timeout(900)
+def test_a_storm_of_sigterms_is_one_death_by_sigterm(tmp_path: Path) -> None:
+    """SIGTERM sent in a tight loop for 0.3 s: the main thread gets to its handler again and
+    again, in the middle of the one before. Each delivery after the first is the listener's
+    alone; the process dies of SIGTERM at once. (Nested, the handler parked once per delivery
+    and raised into the import the first one was making, which left the import lock held: one
+    trial in twenty waited minutes for a death that the ender, importing too, never dealt.)"""
+    path = program(tmp_path, "spin", SPIN)
+    for trial in range(trials(40, 15)):
+        proc = subprocess.Popen(
+            [sys.executable, str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        try:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().startswith(b"LIFEGUARD-READY"), proc.stderr
+            storm_ends = time.monotonic() + 0.3
+            try:
+                while time.monotonic() < storm_ends:
+                    for _ in range(50):
+                        os.kill(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass  # dead already, as it may well be
+            # A death takes milliseconds; 30 s is for a loaded machine, not for the hang.
+            _, stderr = proc.communicate(timeout=30)
+            assert proc.returncode == -signal.SIGTERM, (trial, stderr.decode(errors="replace"))
+        finally:
+            proc.kill()
+            proc.wait(CHILD_TIMEOUT)
+
+
 def test_without_the_built_handler_a_signal_is_still_the_truth(tmp_path: Path) -> None:
     """A source tree on PYTHONPATH, never built: no C handler to hear signals with. One
     warning says so; SIGTERM is still noticed (by the Python-level handler), the finalizers run
