@@ -1,9 +1,11 @@
 /* lifeguard._ears: hear a signal at the instant it comes, and do nothing else.
 
    For each signal registered, a C handler stands in front of the one in place (CPython's): at
-   delivery it writes one byte, the signal's number, to the listener's pipe, then calls the
+   delivery it writes one record, the signal's number and the time it came, to the listener's
+   pipe, then calls the
    handler it found, which trips the Python-level handler and writes the program's wakeup fd
-   exactly as without lifeguard. write(2) is async-signal-safe; nothing else is touched.
+   exactly as without lifeguard. write(2) and clock_gettime(2) are async-signal-safe; nothing
+   else is touched.
 
    Why not faulthandler.register(chain=True), which does much the same from the standard
    library: its handler first writes the Python tracebacks of the interrupted thread (or of
@@ -22,7 +24,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdint.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifndef NSIG
@@ -35,6 +39,16 @@ typedef struct {
 } ear_t;
 
 static ear_t ears[NSIG];
+
+/* What one delivery writes, in one write(2) (atomic: far below PIPE_BUF): the signal's number,
+   and the CLOCK_MONOTONIC time it came (Python's time.monotonic()) in nanoseconds. The listener
+   may read it late (it needs the GIL, which a C call may hold for seconds); the time says
+   whether two deliveries were one stop or two, whenever they are read. */
+typedef struct {
+    unsigned char signum;
+    unsigned char padding[7];
+    int64_t came_ns;
+} record_t;
 
 static void
 call_previous(int signum, siginfo_t *info, void *context, const struct sigaction *previous)
@@ -68,10 +82,16 @@ ear_handler(int signum, siginfo_t *info, void *context)
         ear_t *ear = &ears[signum];
         int fd = ear->fd;
         if (fd >= 0) {
-            unsigned char byte = (unsigned char)signum;
+            record_t record = {0};
+            struct timespec now;
+            record.signum = (unsigned char)signum;
+            if (clock_gettime(CLOCK_MONOTONIC, &now) == 0) {
+                record.came_ns = (int64_t)now.tv_sec * 1000000000 + now.tv_nsec;
+            }
             ssize_t written;
             do {
-                written = write(fd, &byte, 1); /* non-blocking pipe: a full one drops it */
+                /* non-blocking pipe: a full one drops it */
+                written = write(fd, &record, sizeof record);
             } while (written < 0 && errno == EINTR);
         }
         call_previous(signum, info, context, &ear->previous);
@@ -97,8 +117,9 @@ check_signum(int signum)
 
 PyDoc_STRVAR(register_doc,
 "register(signum, fd)\n--\n\n"
-"Stand in front of the handler now in place for signum: each delivery writes one byte to fd,\n"
-"then calls that handler. With the same flags and mask, so that system calls are interrupted\n"
+"Stand in front of the handler now in place for signum: each delivery writes one record to fd\n"
+"(RECORD bytes: the signal's number, 7 bytes of padding, the CLOCK_MONOTONIC time it came in\n"
+"nanoseconds, a native int64), then calls that handler. With the same flags and mask, so that system calls are interrupted\n"
 "or restarted as before. Registered already: only the fd changes.");
 
 static PyObject *
@@ -232,7 +253,7 @@ static PyMethodDef ears_methods[] = {
 static struct PyModuleDef ears_module = {
     PyModuleDef_HEAD_INIT,
     "lifeguard._ears",
-    "A C signal handler that writes each delivery's number to a pipe, then chains.",
+    "A C signal handler that writes each delivery's number and time to a pipe, then chains.",
     -1,
     ears_methods,
 };
@@ -247,5 +268,10 @@ PyInit__ears(void)
         }
         initialized = 1;
     }
-    return PyModule_Create(&ears_module);
+    PyObject *module = PyModule_Create(&ears_module);
+    if (module != NULL && PyModule_AddIntConstant(module, "RECORD", sizeof(record_t)) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
 }

@@ -7,16 +7,17 @@ uvloop each take it for their loop, uvloop through a function it bound when it w
 of anyone's reach. So lifeguard leaves it alone.
 
 Instead, for each signal it must hear, a C handler of lifeguard's own (``lifeguard._ears``)
-stands in front of CPython's: at delivery it writes one byte, the signal's number, to the pipe
-the listener reads (one pipe for every signal: one blocking read, no ``select``), then calls
-CPython's handler, which trips the Python-level handler and writes the program's wakeup fd
-exactly as without lifeguard. It does nothing else: no frame of any thread is read (faulthandler's
-chained handler, which dumps tracebacks first, turns a SIGTERM into a SIGSEGV now and then; see
-_ears.c). It writes whichever thread the kernel hands the signal to, Python's or a C library's.
+stands in front of CPython's: at delivery it writes one record, the signal's number and the
+time it came, to the pipe the listener reads (one pipe for every signal: one blocking read, no
+``select``), then calls CPython's handler, which trips the Python-level handler and writes the
+program's wakeup fd exactly as without lifeguard. It does nothing else: no frame of any thread
+is read (faulthandler's chained handler, which dumps tracebacks first, turns a SIGTERM into a
+SIGSEGV now and then; see _ears.c). It writes whichever thread the kernel hands the signal to,
+Python's or a C library's.
 
 The signal module keeps the two in step: a signal is heard only while lifeguard's handler is the
-one in place, so what is in a pipe came while it was lifeguard's signal, however late the
-listener reads it.
+one in place, so what is in the pipe came while it was lifeguard's signal, however late the
+listener reads it, and when it came is in its record.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ class Ears:
         if self._ends is not None:
             return
         read_fd, write_fd = pipe()
-        # A handler must never block: a full pipe drops the byte (64 KiB of deliveries unread,
+        # A handler must never block: a full pipe drops the record (4,096 deliveries unread,
         # the first of which the listener has yet to act on). The read end blocks: the listener
         # sleeps in read() until a signal comes.
         os.set_blocking(write_fd, False)
@@ -136,10 +137,11 @@ class Ears:
                 pass
 
 
-def wait(read_fd: int, timeout: float | None) -> list[int] | None:
-    """Block until signals were heard (their numbers, each once, in the order they came) or
-    ``timeout`` seconds pass ([]). None once the pipe is closed. With no timeout (all but the
-    last second of a finalization), a plain blocking read: ``select`` is loaded only for one."""
+def wait(read_fd: int, timeout: float | None) -> list[tuple[int, float]] | None:
+    """Block until signals were heard or ``timeout`` seconds pass ([]); None once the pipe is
+    closed. Returns each signal's first and last delivery of those read, in the order they came,
+    as (number, the ``time.monotonic()`` it came). With no timeout (all but the last second of a
+    finalization), a plain blocking read: ``select`` is loaded only for one."""
     if timeout is not None:
         import select
 
@@ -150,12 +152,36 @@ def wait(read_fd: int, timeout: float | None) -> list[int] | None:
                 return []
         except InterruptedError:
             return []
+    _ears = _c_handler()
+    record = _ears.RECORD if _ears is not None else 16
     try:
-        data = os.read(read_fd, 4096)
+        # Whole records only: each was written at once, and this reads a multiple of them.
+        data = os.read(read_fd, record * 256)
     except InterruptedError:
         return []
     except OSError:
         return None
     if not data:
         return None
-    return list(dict.fromkeys(data))
+    return _deliveries(data, record)
+
+
+def _deliveries(data: bytes, record: int) -> list[tuple[int, float]]:
+    """The first and the last delivery of each signal in ``data`` (lifeguard/_ears.c's records):
+    a storm of one signal is one stop, or two if it lasted past the repeat window."""
+    import struct  # loaded at a signal, never by install()
+
+    first: dict[int, float] = {}
+    last: dict[int, float] = {}
+    for signum, came_ns in struct.iter_unpack(
+        f"=B{record - 9}xq", data[: len(data) // record * record]
+    ):
+        came = came_ns / 1e9
+        first.setdefault(signum, came)
+        last[signum] = came
+    deliveries = []
+    for signum, came in first.items():
+        deliveries.append((signum, came))
+        if last[signum] != came:
+            deliveries.append((signum, last[signum]))
+    return deliveries

@@ -2,7 +2,8 @@
 
 1. ``install()`` gives each hooked signal a Python-level handler (so that CPython's C-level
    handler catches it) and, in front of that C handler, lifeguard's own, which writes the
-   signal's number to the pipe that one *listener* thread reads (``lifeguard.ears``). The
+   signal's number and the time it came to the pipe that one *listener* thread reads
+   (``lifeguard.ears``). The
    wakeup fd stays the program's: asyncio, trio and uvloop take it for their loops, whenever
    they like.
 2. At delivery, the pipe gets written, whatever the main thread is doing: running Python, stuck
@@ -303,6 +304,9 @@ class SignalWatch:
         self.watched: frozenset[int] = frozenset()
         # The first signal taken over and when it came; None until one comes.
         self.first: tuple[int, float] | None = None
+        # When it came on time.monotonic()'s clock, which a delivery's record also tells (see
+        # _another): as it came, or (noticed by the main thread's handler) a little after.
+        self._first_came = 0.0
         self._first_lock = _thread.allocate_lock()
         # The signal whose chained handler runs now: a sys.exit() from inside it (Ray's SIGTERM
         # handler calls sys.exit(1)) is that signal's doing, not a plain exit.
@@ -526,8 +530,8 @@ class SignalWatch:
                     self._overdue()
                 continue
             now = _signal_time()
-            for signum in heard:
-                self.notice(signum, now, escalate=True)
+            for signum, came in heard:
+                self.notice(signum, now, escalate=True, came=came)
             self._bound_the_wait()
 
     def _bound_the_wait(self) -> None:
@@ -550,13 +554,15 @@ class SignalWatch:
 
     # -- one signal, noticed -------------------------------------------------------------------
 
-    def notice(self, signum: int, at: float, *, escalate: bool) -> None:
-        """A taken-over signal was delivered. Only the listener, which sees every delivery, may
-        ``escalate``: the main thread's handler may run late for the very same delivery."""
+    def notice(self, signum: int, at: float, *, escalate: bool, came: float | None = None) -> None:
+        """A taken-over signal was delivered (``came``: when, on the monotonic clock, if its
+        record says so). Only the listener, which sees every delivery, may ``escalate``: the
+        main thread's handler may run late for the very same delivery, and the listener may read
+        one late, after the handler noticed it (the main thread held the GIL in between)."""
         lifecycle = self._lifecycle
         if not lifecycle.owns_process():
             return
-        first = self._note_first(signum, at)
+        first = self._note_first(signum, at, came)
         if first is None:
             if lifecycle.is_installed():
                 self.ending = True
@@ -578,16 +584,24 @@ class SignalWatch:
                 # as it would have without lifeguard. Already done: die now.
                 lifecycle.die_after_finalizing(signum)
             return
-        if escalate and _another(signum, at, first):
+        if escalate and self._another(signum, time.monotonic() if came is None else came, first):
             self._die_now(signum)
 
-    def _note_first(self, signum: int, at: float) -> tuple[int, float] | None:
+    def _note_first(
+        self, signum: int, at: float, came: float | None = None
+    ) -> tuple[int, float] | None:
         """Record the first signal; returns the one before, if this is not the first."""
         with self._first_lock:
             first = self.first
             if first is None:
                 self.first = (signum, at)
+                self._first_came = time.monotonic() if came is None else came
         return first
+
+    def _another(self, signum: int, came: float, first: tuple[int, float]) -> bool:
+        """Whether ``signum``, come at ``came`` (monotonic), is a second signal, not the same
+        stop as ``first``: another signal, or the same one ``REPEAT_WINDOW`` after it came."""
+        return signum != first[0] or came - self._first_came > REPEAT_WINDOW
 
     def _die_now(self, signum: int) -> None:
         """A second signal: the sender means it. Every run's status is in the journal already,
@@ -769,9 +783,8 @@ class SignalWatch:
             # The first signal while finalizing an exit or a crash: those finalizers finish,
             # then the process dies of it. A second one (a person pressing Ctrl-C again, a
             # launcher escalating): now.
-            at = time.time()
-            first = self._note_first(signum, at)
-            if first is not None and _another(signum, at, first):
+            first = self._note_first(signum, time.time())
+            if first is not None and self._another(signum, time.monotonic(), first):
                 self._die_now(signum)
             lifecycle.die_after_finalizing(signum)
             return
@@ -850,12 +863,6 @@ class SignalWatch:
                 self._death.acquire(timeout=DEATH_WAIT)
         finally:
             self._handling = handling
-
-
-def _another(signum: int, at: float, first: tuple[int, float]) -> bool:
-    """Whether ``signum`` at ``at`` is a second signal, not the same stop as ``first``: another
-    signal, or the same one after ``REPEAT_WINDOW``."""
-    return signum != first[0] or at - first[1] > REPEAT_WINDOW
 
 
 def die(signum: int) -> None:

@@ -195,7 +195,7 @@ ears.hear(signal.SIGUSR1)
 heard = []
 def listen(fd=ears.listen()):
     while (ready := wait(fd, None)) is not None:
-        heard.extend(ready)
+        heard.extend(signum for signum, _ in ready)
 threading.Thread(target=listen, daemon=True).start()
 """
 
@@ -285,6 +285,44 @@ def test_a_storm_of_sigterms_is_one_death_by_sigterm(tmp_path: Path) -> None:
         finally:
             proc.kill()
             proc.wait(CHILD_TIMEOUT)
+
+
+READ_LATE = """
+import ctypes, os, signal, sys
+{install}
+import lifeguard
+import mlflow
+
+lifeguard.register(lambda outcome: os.write(1, f"finalized {outcome.status.value}\\n".encode()))
+run = mlflow.start_run()
+{ready}
+libc = ctypes.PyDLL(None)  # PyDLL: its calls keep the GIL, as a C extension's loop can
+
+class Slow:
+    def __str__(self):  # called by mlflow.log_param: the main thread is inside the tracker
+        libc.kill(os.getpid(), signal.SIGTERM)  # delivered now, the GIL held
+        for _ in range(2000):  # Python again: lifeguard's handler runs, and notices it
+            pass
+        libc.usleep(2_000_000)  # the GIL held 2 s more: the listener reads the delivery late
+        return "v"
+
+mlflow.log_param("p", Slow())
+"""
+
+
+def test_a_delivery_read_late_is_still_the_one_stop(store: Store, tmp_path: Path) -> None:
+    """One SIGTERM, noticed at once by the main thread's handler (inside a tracker call, it
+    does not park), and read by the listener two seconds later, the GIL held in between. The
+    listener used to stamp the delivery with the time it read it, took it for a second SIGTERM
+    past the repeat window, and ended the process at once: no finalizer ran, and the run
+    stayed RUNNING. Each delivery now carries the time it came."""
+    path = program(tmp_path, "late", READ_LATE)
+    result = run_child([sys.executable, str(path)], env=child_env(store), timeout=CHILD_TIMEOUT)
+    assert result.returncode == -signal.SIGTERM, result.stderr
+    assert "finalized KILLED" in result.stdout, result.stderr
+    assert "second signal" not in result.stderr, result.stderr
+    run = store.run(run_id_in(result.stdout))
+    assert run.info.status == "KILLED", result.stderr
 
 
 def test_without_the_built_handler_a_signal_is_still_the_truth(tmp_path: Path) -> None:
