@@ -797,3 +797,32 @@ def test_no_import_lock_is_released_while_an_import_runs(
 
     assert mod.RELEASED == 0
     assert importlocks.release_stranded() == 0  # and nothing is stranded after it
+
+
+def test_each_delivery_is_read_with_its_signal_and_the_time_it_came() -> None:
+    """lifeguard's C handler writes a record per delivery: the signal's number and the
+    monotonic time it came, which the listener reads however late (lifeguard.ears)."""
+    import time
+
+    from lifeguard.ears import Ears, wait
+
+    previous = signal.signal(signal.SIGUSR2, lambda *_: None)
+    ears = Ears()
+    ears.open()
+    read_fd = ears.listen()
+    try:
+        ears.hear(signal.SIGUSR2)
+        before = time.monotonic()
+        signal.raise_signal(signal.SIGUSR2)  # delivered to this thread before it returns
+        between = time.monotonic()
+        signal.raise_signal(signal.SIGUSR2)
+        after = time.monotonic()
+        heard = wait(read_fd, 5.0)
+        assert heard is not None
+        assert [signum for signum, _ in heard] == [signal.SIGUSR2, signal.SIGUSR2]
+        (_, first), (_, last) = heard
+        assert before <= first <= between <= last <= after
+    finally:
+        ears.close()
+        os.close(read_fd)
+        signal.signal(signal.SIGUSR2, previous)
