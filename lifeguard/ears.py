@@ -58,7 +58,7 @@ def _c_handler() -> ModuleType | None:
 
 class Ears:
     """The pipe the listener reads, and lifeguard's C handler registered for the signals heard
-    now: each delivery of one writes its number there."""
+    now: each delivery of one writes its record there (its number and the time it came)."""
 
     def __init__(self) -> None:
         self._ends: tuple[int, int] | None = None  # (read end, write end)
