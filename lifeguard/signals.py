@@ -3,9 +3,8 @@
 1. ``install()`` gives each hooked signal a Python-level handler (so that CPython's C-level
    handler catches it) and, in front of that C handler, lifeguard's own, which writes the
    signal's number and the time it came to the pipe that one *listener* thread reads
-   (``lifeguard.ears``). The
-   wakeup fd stays the program's: asyncio, trio and uvloop take it for their loops, whenever
-   they like.
+   (``lifeguard.ears``). The wakeup fd stays the program's: asyncio, trio and uvloop take it for
+   their loops, whenever they like.
 2. At delivery, the pipe gets written, whatever the main thread is doing: running Python, stuck
    in a C call, or interrupted in the middle of a store write while holding sqlite's lock, an
    import lock or stdout's lock. Only while lifeguard's handler is the one in place: a signal is
