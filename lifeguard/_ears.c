@@ -119,8 +119,8 @@ PyDoc_STRVAR(register_doc,
 "register(signum, fd)\n--\n\n"
 "Stand in front of the handler now in place for signum: each delivery writes one record to fd\n"
 "(RECORD bytes: the signal's number, 7 bytes of padding, the CLOCK_MONOTONIC time it came in\n"
-"nanoseconds, a native int64), then calls that handler. With the same flags and mask, so that system calls are interrupted\n"
-"or restarted as before. Registered already: only the fd changes.");
+"nanoseconds, a native int64), then calls that handler. With the same flags and mask, so that\n"
+"system calls are interrupted or restarted as before. Registered already: only the fd changes.");
 
 static PyObject *
 ears_register(PyObject *module, PyObject *args)
