@@ -8,15 +8,16 @@ import os
 import sys
 
 from lifeguard import lifecycle as _lifecycle
-from lifeguard.finalizers import Handle, Registry
+from lifeguard.finalizers import Deferred, Handle, Registry
 from lifeguard.lifecycle import Lifecycle, Phase
 from lifeguard.names import GUARDIAN_ENV
-from lifeguard.options import Options, warn_unknown_variables
+from lifeguard.settings import Options
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from lifeguard.backends.mlflow.finalizer import MlflowFinalizer
     from lifeguard.channel import Channel
     from lifeguard.finalizers import Report
     from lifeguard.outcome import Outcome
@@ -52,7 +53,8 @@ def is_installed() -> bool:
 
 def install(**options: object) -> None:
     global _installed_at_start
-    parsed = Options.from_kwargs(options)
+    configured = _configured(options)
+    parsed = _options(options) if configured else Options()
     with _lock:
         existing = current()
         if existing is not None and existing.phase != Phase.UNINSTALLED:
@@ -73,7 +75,10 @@ def install(**options: object) -> None:
                     ignored,
                 )
             return
-        warn_unknown_variables()
+        if configured:
+            from lifeguard.options import warn_unknown_variables
+
+            warn_unknown_variables()
         _ensure_fork_hook()
         # PID 1 forks first, while no thread of lifeguard's runs yet and before anything
         # records this process's pid (guardian/init.py): the child is the program.
@@ -102,6 +107,18 @@ def install(**options: object) -> None:
                 start_for(parsed.heartbeat)
 
 
+def _configured(options: dict[str, object]) -> bool:
+    """Whether the program or its environment gives any option: else the defaults hold, and
+    nothing needs checking (lifeguard.options, loaded only then)."""
+    return bool(options) or any(name.startswith("LIFEGUARD_") for name in os.environ)
+
+
+def _options(options: dict[str, object]) -> Options:
+    from lifeguard.options import Options as Checked
+
+    return Checked.from_kwargs(options)
+
+
 def install_at_start() -> None:
     """``install()`` at interpreter start, on behalf of a program run by ``lifeguard run``
     (lifeguard._autoboot), with the options of the environment. The program's own ``install(...)``
@@ -117,42 +134,71 @@ def _install_again(options: dict[str, object]) -> None:
     hooks, with its options. Runs it attached to through ``MLFLOW_RUN_ID`` (which MLflow takes
     out of the environment when it attaches) stay its to leave alone."""
     before = current()
-    attached: frozenset[str] = getattr(
-        getattr(before, "mlflow_finalizer", None), "attached", frozenset()
+    deferred = before.mlflow_finalizer if before is not None else None
+    attached: frozenset[str] = (
+        _mlflow_of(deferred).attached if deferred is not None else frozenset()
     )
     uninstall()
     install(**options)
-    finalizer = getattr(current(), "mlflow_finalizer", None)
-    if finalizer is not None:
+    lifecycle = current()
+    if lifecycle is not None and lifecycle.mlflow_finalizer is not None:
+        finalizer = _mlflow_of(lifecycle.mlflow_finalizer)
         finalizer.attached = finalizer.attached | attached
+
+
+def _mlflow_of(deferred: Deferred) -> MlflowFinalizer:
+    finalizer: MlflowFinalizer = deferred.loaded()  # type: ignore[assignment]
+    return finalizer
 
 
 def _register_builtins(options: Options, lifecycle: Lifecycle) -> None:
     """One finalizer per enabled backend, in the documented run order (backends/__init__.py).
     The registry runs newest first, so they are registered last-to-run first, and a program's
-    own finalizers, registered after install(), run before all of them."""
-    from lifeguard import backends
-    from lifeguard.names import RUN_ORDER
+    own finalizers, registered after install(), run before all of them. Each is loaded when it
+    first has work (finalizers.Deferred): install() loads no backend's code."""
+    from lifeguard.names import MODULES, RUN_ORDER
 
     for name in reversed(RUN_ORDER):
         if name == "mlflow":
             if not options.mlflow:
                 continue
-            from lifeguard.backends.mlflow import MlflowFinalizer
-
-            attached = os.environ.get("MLFLOW_RUN_ID")
-            mlflow_finalizer = MlflowFinalizer(
-                end_attached=options.end_attached,
-                attached=frozenset([attached] if attached else []),
+            finalizer = lifecycle.mlflow_finalizer = Deferred(
+                name, ("mlflow.tracking.fluent",), _mlflow_finalizer(options)
             )
-            mlflow_finalizer.inherited = _inherited_runs
-            lifecycle.mlflow_finalizer = mlflow_finalizer
-            finalizer: Callable[[Outcome], object] = mlflow_finalizer
         elif name in options.trackers:
-            finalizer = backends.load(name)
+            finalizer = Deferred(name, MODULES[name], _backend_finalizer(name))
         else:
             continue
         _builtin_handles.append(_registry.add(finalizer, name=name))
+
+
+def _mlflow_finalizer(options: Options) -> Callable[[], MlflowFinalizer]:
+    """What makes the MLflow finalizer, with what it must know from now: MLflow deletes
+    MLFLOW_RUN_ID from the environment when start_run() attaches to it, so the attached run's
+    id is read at install(), before that happens; the runs a forked parent left on the
+    active-run stacks are the parent's."""
+    attached = os.environ.get("MLFLOW_RUN_ID")
+    end_attached, inherited = options.end_attached, _inherited_runs
+
+    def make() -> MlflowFinalizer:
+        from lifeguard.backends.mlflow.finalizer import MlflowFinalizer
+
+        finalizer = MlflowFinalizer(
+            end_attached=end_attached, attached=frozenset([attached] if attached else [])
+        )
+        finalizer.inherited = inherited
+        return finalizer
+
+    return make
+
+
+def _backend_finalizer(name: str) -> Callable[[], Callable[[Outcome], object]]:
+    def make() -> Callable[[Outcome], object]:
+        from lifeguard.backends import finalizer_of
+
+        return finalizer_of(name)
+
+    return make
 
 
 def _guard_pid1(options: Options) -> tuple[Channel, int] | None:
@@ -282,7 +328,7 @@ def finish(exit_code: int = 0, *, outcome: Outcome | None = None) -> list[Report
         reports = lifecycle.finalize(outcome)
         _rearm(lifecycle)
         return reports
-    from lifeguard.options import DEFAULT_DEADLINE
+    from lifeguard.settings import DEFAULT_DEADLINE
 
     deadline = lifecycle.options.deadline if lifecycle is not None else DEFAULT_DEADLINE
     return _registry.run_all(outcome, deadline)

@@ -17,6 +17,7 @@ hang costs at most its share and can never starve the finalizers after it.
 from __future__ import annotations
 
 import _thread
+import sys
 import time
 
 from lifeguard._threads import take_signals_as_the_program
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 
     Finalizer = Callable[[Outcome], object]
 
-__all__ = ["PENDING", "Handle", "Registry", "Report", "time_left"]
+__all__ = ["PENDING", "Deferred", "Handle", "Registry", "Report", "time_left"]
 
 # Thread id -> monotonic deadline of the finalizer running in that thread.
 _deadlines: dict[int, float] = {}
@@ -90,6 +91,56 @@ class Report:
 
     def __repr__(self) -> str:
         return f"Report({self.name!r}, {self.result!r}, {self.seconds:.3f}s)"
+
+
+class Deferred:
+    """A built-in finalizer whose code is loaded when it first has work: a tracker's, which has
+    none until the program imports that tracker (one of ``modules`` is in ``sys.modules``).
+    ``install()`` registers one per tracker and loads none of their code; a finalizer for a
+    library the program never used costs a ``sys.modules`` lookup. ``load()`` makes the real
+    one, once."""
+
+    __slots__ = ("_load", "_real", "modules", "name")
+
+    def __init__(self, name: str, modules: tuple[str, ...], load: Callable[[], Finalizer]) -> None:
+        self.name = name
+        self.modules = modules
+        self._load = load
+        self._real: Finalizer | None = None
+
+    def used(self) -> bool:
+        """Whether the program loaded this tracker."""
+        return any(module in sys.modules for module in self.modules)
+
+    def loaded(self) -> Finalizer:
+        """The real finalizer, loaded now if it was not yet."""
+        real = self._real
+        if real is None:
+            real = self._real = self._load()
+        return real
+
+    def applies(self) -> bool:
+        """Whether it has something to do: its tracker is loaded, and the real finalizer says
+        so too if it can tell (the registry gives no share of the deadline to one that has
+        nothing to do)."""
+        if not self.used():
+            return False
+        applies = getattr(self.loaded(), "applies", None)
+        return True if applies is None else bool(applies())
+
+    def prepare(self, outcome: Outcome) -> None:
+        if self.used():
+            prepare = getattr(self.loaded(), "prepare", None)
+            if prepare is not None:
+                prepare(outcome)
+
+    def __call__(self, outcome: Outcome) -> object:
+        if not self.used():
+            return None
+        return self.loaded()(outcome)
+
+    def __repr__(self) -> str:
+        return f"<lifeguard {self.name} finalizer>"
 
 
 class Registry:

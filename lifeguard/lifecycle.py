@@ -23,9 +23,9 @@ if TYPE_CHECKING:
 
     from lifeguard.channel import Channel
     from lifeguard.ending import Event
-    from lifeguard.finalizers import Report
-    from lifeguard.options import Options
+    from lifeguard.finalizers import Deferred, Report
     from lifeguard.outcome import Outcome
+    from lifeguard.settings import Options
 
 __all__ = ["Lifecycle", "Phase", "current", "set_current"]
 
@@ -74,8 +74,8 @@ class Lifecycle:
         # signal): the program's code has stopped, and its exception's frames are finished.
         self.exiting = False
         # The MLflow finalizer install() registered, if any (the heartbeat asks it which runs
-        # are this process's).
-        self.mlflow_finalizer: object = None
+        # are this process's), loaded when first asked.
+        self.mlflow_finalizer: Deferred | None = None
 
     # -- state ---------------------------------------------------------------------------------
 

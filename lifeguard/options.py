@@ -10,6 +10,13 @@ from __future__ import annotations
 import os
 
 from lifeguard.names import MODULES as _BACKEND_MODULES
+from lifeguard.settings import (
+    DEFAULT_DEADLINE,
+    DEFAULT_SIGNALS,
+    DEFAULT_TRACKERS,
+    _signal_name,
+)
+from lifeguard.settings import Options as _Settings
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -38,17 +45,9 @@ __all__ = [
     "warn_unknown_variables",
 ]
 
-DEFAULT_SIGNALS: tuple[str, ...] = ("SIGINT", "SIGTERM", "SIGHUP")
-
 # The trackers lifeguard can end besides MLflow (lifeguard.names). Each is on only if the program
-# imports that library. ClearML is opt-in: it has exit hooks of its own and its offline mode
-# records no status, so the adapter could not be tested here (docs/trackers.md).
+# imports that library; the default set is lifeguard.settings'.
 TRACKERS: tuple[str, ...] = tuple(_BACKEND_MODULES)
-DEFAULT_TRACKERS: tuple[str, ...] = ("tensorboard", "wandb", "swanlab", "trackio")
-
-# Finalization must fit the shortest common grace period with room to spare: Kubernetes and
-# Slurm give 30 s before SIGKILL, and torchelastic's own teardown needs part of that.
-DEFAULT_DEADLINE = 10.0
 
 # These end the process without running Python code, or belong to the interpreter; hooking them
 # would change what the program sees (signal-exit leaves SEGV/BUS/FPE/ILL alone for this reason).
@@ -72,16 +71,11 @@ MAX_SECONDS = 3600.0
 # journaled (lifeguard.lastgasp, whose DEFAULT_BOUND is 600); 0: no such replayer.
 REPLAY_BOUND_ENV = "LIFEGUARD_REPLAY_BOUND"
 
-# Seconds between heartbeats (see backends/mlflow/heartbeat.py for why 60).
-DEFAULT_HEARTBEAT = 60.0
 # The shortest interval between heartbeats. Each beat is one request per run to a server that
 # the whole cluster shares: at 0.001 s one idle program sent 60 requests in 6 s, and N programs
 # N times that. The sweep judges a run by several of its intervals, so nothing finer than a
 # second is of any use to it.
 MIN_HEARTBEAT = 1.0
-
-# How long a helper thread waits for a main thread stuck in C before finalizing for it.
-DEFAULT_BLOCKED_GRACE = 1.0
 
 _TRUE = {"1", "true", "yes", "on"}
 # Not "": an empty LIFEGUARD_MLFLOW= is a launcher's template left unfilled, not a "no". Read as
@@ -89,63 +83,11 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
 
-class Options:
-    """Validated install options (docs/configuration.md)."""
+class Options(_Settings):
+    """Install options (lifeguard.settings), made from what the program and its environment
+    give, each value checked (docs/configuration.md)."""
 
-    __slots__ = (
-        "signals",
-        "deadline",
-        "mlflow",
-        "end_attached",
-        "watchdog",
-        "blocked_grace",
-        "heartbeat",
-        "trackers",
-    )
-    NAMES = __slots__
-
-    def __init__(
-        self,
-        signals: tuple[int, ...] | None = None,
-        deadline: float = DEFAULT_DEADLINE,
-        mlflow: bool = True,
-        end_attached: bool = False,
-        watchdog: bool = False,
-        blocked_grace: float = DEFAULT_BLOCKED_GRACE,
-        heartbeat: float = DEFAULT_HEARTBEAT,
-        trackers: tuple[str, ...] = DEFAULT_TRACKERS,
-    ) -> None:
-        self.signals = parse_signals(DEFAULT_SIGNALS) if signals is None else signals
-        self.deadline = deadline
-        self.mlflow = mlflow
-        self.end_attached = end_attached
-        self.watchdog = watchdog
-        self.blocked_grace = blocked_grace
-        self.heartbeat = heartbeat
-        self.trackers = trackers
-
-    def as_dict(self) -> dict[str, object]:
-        return {name: getattr(self, name) for name in self.NAMES}
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Options) and self.as_dict() == other.as_dict()
-
-    def __repr__(self) -> str:
-        return f"Options({', '.join(self._shown(name) for name in self.NAMES)})"
-
-    def differences(self, other: Options) -> tuple[str, str]:
-        """The options that differ, as ``name=value`` lists: (this one's, the other's)."""
-        names = [n for n in self.NAMES if getattr(self, n) != getattr(other, n)]
-        return (
-            ", ".join(self._shown(n) for n in names),
-            ", ".join(other._shown(n) for n in names),
-        )
-
-    def _shown(self, name: str) -> str:
-        value = getattr(self, name)
-        if name == "signals":  # by name, as the user wrote them, not as numbers
-            return f"signals=({', '.join(_signal_name(s) for s in value)})"
-        return f"{name}={value!r}"
+    __slots__ = ()
 
     @classmethod
     def from_kwargs(
@@ -263,22 +205,6 @@ def _accepted() -> str:
         "accepted are names or numbers (SIGTERM, TERM, term or 15), comma-separated, of the "
         "signals that end a process: " + ", ".join(named) + extra
     )
-
-
-# Each signal's usual name, by number: made once, at the first install() (sorting the
-# module's names for each signal cost a tenth of install()'s own work).
-_NAMES: dict[int, str] = {}
-
-
-def _signal_name(signum: int) -> str:
-    if not _NAMES:
-        # Aliases (SIGCLD/SIGCHLD, SIGIOT/SIGABRT) sort after the usual name, which stays.
-        for name in sorted(dir(_signal)):
-            if name.startswith("SIG") and not name.startswith(("SIG_", "SIGRTM")):
-                value = getattr(_signal, name)
-                if isinstance(value, int):
-                    _NAMES.setdefault(int(value), name)
-    return _NAMES.get(signum, f"signal {signum}")
 
 
 def seconds_range(zero: bool) -> str:

@@ -92,6 +92,17 @@ def test_options_defaults() -> None:
     assert opts.mlflow is True and opts.end_attached is False
 
 
+def test_the_unchecked_defaults_are_the_checked_ones() -> None:
+    """install() with no option and no LIFEGUARD_* variable skips the checks and runs with
+    lifeguard.settings' defaults: they must be what the checks give for nothing."""
+    from lifeguard import settings
+
+    assert Options.from_kwargs({}, environ={}) == settings.Options()
+    assert parse_signals(settings.DEFAULT_SIGNALS) == settings.Options().signals
+    assert settings.Options() == Options.from_kwargs({}, environ={})
+    assert settings.Options() != Options.from_kwargs({"deadline": 3}, environ={})
+
+
 def test_options_from_environment_and_precedence() -> None:
     env = {
         "LIFEGUARD_DEADLINE": "4.5",
@@ -224,6 +235,41 @@ def test_import_pulls_in_no_backend() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_install_with_nothing_to_check_loads_no_checks_and_no_backend() -> None:
+    """The common install(): no option, no LIFEGUARD_* variable. It loads neither the option
+    checks nor any backend's code (each is loaded when it first has work), and the finalizers
+    it registers are there all the same. Given a variable, the checks are loaded and run."""
+    code = """
+        import sys, lifeguard
+        from lifeguard import api
+        lifeguard.install()
+        print(sorted(m for m in sys.modules
+                     if m == "lifeguard.options" or m.startswith("lifeguard.backends")))
+        print(api._registry.names())
+        """
+    bare = {k: v for k, v in os.environ.items() if not k.startswith("LIFEGUARD_")}
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=bare,
+    )
+    assert result.returncode == 0, result.stderr
+    loaded, names = result.stdout.splitlines()
+    assert loaded == "[]"
+    assert names == "['trackio', 'swanlab', 'wandb', 'mlflow', 'tensorboard']"
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**bare, "LIFEGUARD_DEADLINE": "0"},
+    )
+    assert result.returncode != 0
+    assert "LIFEGUARD_DEADLINE" in result.stderr
 
 
 def test_install_uninstall_restores_everything() -> None:
@@ -556,6 +602,44 @@ def test_unused_trackers_are_not_imported() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_a_deferred_finalizer_loads_once_and_only_for_a_loaded_tracker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from lifeguard.finalizers import Deferred
+
+    calls: list[str] = []
+
+    class Real:
+        def applies(self) -> bool:
+            return False
+
+        def prepare(self, outcome: Outcome) -> None:
+            calls.append("prepare")
+
+        def __call__(self, outcome: Outcome) -> str:
+            calls.append("call")
+            return "ok"
+
+    def load() -> Real:
+        calls.append("load")
+        return Real()
+
+    deferred = Deferred("fake", ("lifeguard_test_fake_tracker",), load)
+    outcome = Outcome.exited(0)
+    registry = Registry()
+    registry.add(deferred, name="fake")
+    assert not deferred.applies() and not registry.has_work()
+    deferred.prepare(outcome)
+    assert deferred(outcome) is None
+    assert calls == []  # its tracker was never loaded: nothing of it was either
+    monkeypatch.setitem(sys.modules, "lifeguard_test_fake_tracker", object())  # type: ignore[arg-type]
+    assert not deferred.applies()  # the real one's own answer
+    deferred.prepare(outcome)
+    assert deferred(outcome) == "ok"
+    assert calls == ["load", "prepare", "call"]
+    assert repr(deferred) == "<lifeguard fake finalizer>"
 
 
 def test_unused_builtin_finalizers_take_no_share_of_the_deadline() -> None:

@@ -14,6 +14,7 @@ The built-in finalizers run in this order, after every finalizer the program reg
 
 from __future__ import annotations
 
+from lifeguard.finalizers import Deferred
 from lifeguard.names import MODULES
 
 TYPE_CHECKING = False
@@ -22,35 +23,20 @@ if TYPE_CHECKING:
 
     from lifeguard.outcome import Outcome
 
-__all__ = ["load"]
+__all__ = ["finalizer_of", "load"]
 
 
-def load(name: str) -> Callable[[Outcome], object]:
-    """The finalizer for a backend, imported when it first runs: install() stays cheap."""
-    return _Lazy(name)
+def load(name: str) -> Deferred:
+    """The finalizer for a backend, loaded when it first has work: install() stays cheap."""
+    if name not in MODULES:
+        raise ValueError(f"unknown backend {name!r}")
+    return Deferred(name, MODULES[name], lambda: finalizer_of(name))
 
 
-class _Lazy:
-    __slots__ = ("name",)
+def finalizer_of(name: str) -> Callable[[Outcome], object]:
+    """Backend ``name``'s finalizer (``lifeguard.backends.<name>.finalize``), imported now."""
+    import importlib
 
-    def __init__(self, name: str) -> None:
-        if name not in MODULES:
-            raise ValueError(f"unknown backend {name!r}")
-        self.name = name
-
-    def applies(self) -> bool:
-        """Whether the program loaded this tracker: the registry gives no share of the
-        deadline to a finalizer with nothing to do."""
-        import sys
-
-        return any(module in sys.modules for module in MODULES[self.name])
-
-    def __call__(self, outcome: Outcome) -> object:
-        import importlib
-
-        module = importlib.import_module(f"lifeguard.backends.{self.name}")
-        finalizer: Callable[[Outcome], object] = module.finalize
-        return finalizer(outcome)
-
-    def __repr__(self) -> str:
-        return f"<lifeguard {self.name} finalizer>"
+    module = importlib.import_module(f"lifeguard.backends.{name}")
+    finalizer: Callable[[Outcome], object] = module.finalize
+    return finalizer

@@ -74,8 +74,9 @@ def owned_active_runs(fluent: object) -> list[str]:
     from lifeguard.lifecycle import current
 
     lifecycle = current()
-    finalizer = getattr(lifecycle, "mlflow_finalizer", None) if lifecycle is not None else None
-    skip = frozenset() if finalizer is None else finalizer.inherited | finalizer.attached
+    deferred = lifecycle.mlflow_finalizer if lifecycle is not None else None
+    finalizer = deferred.loaded() if deferred is not None else None
+    skip = frozenset() if finalizer is None else finalizer.inherited | finalizer.attached  # type: ignore[attr-defined]
     return [run.info.run_id for _, run in active_runs(fluent) if run.info.run_id not in skip]  # type: ignore[attr-defined]
 
 
