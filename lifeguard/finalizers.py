@@ -196,22 +196,27 @@ class Registry:
                 _prepare(handle, outcome)
                 self._prepared[id(handle)] = outcome
 
-    def run_all(self, outcome: Outcome, deadline: float) -> list[Report]:
-        """Run every registered finalizer once, newest first, within ``deadline`` seconds."""
+    def run_all(
+        self, outcome: Outcome, deadline: float, prepared: Callable[[], object] | None = None
+    ) -> list[Report]:
+        """Run every registered finalizer once, newest first, within ``deadline`` seconds.
+        ``prepared()`` is called once every prepare() has run, before the first finalizer."""
         # Taking the whole list under the lock is what makes "at most once" hold even if two
         # threads race here: the loser finds nothing left to run.
         with self._lock:
             pending = list(reversed(self._handles))
             self._handles.clear()
-            prepared, self._prepared = self._prepared, {}
+            ahead, self._prepared = self._prepared, {}
         skipped, unused = _not_to_run(pending)
         left = len(pending) - len(skipped) - len(unused)
         reports = []
         end = time.monotonic() + deadline
         for handle in pending:
             runs = id(handle) not in skipped and id(handle) not in unused
-            if runs and prepared.get(id(handle)) is not outcome:  # not journaled ahead
+            if runs and ahead.get(id(handle)) is not outcome:  # not journaled ahead
                 _prepare(handle, outcome)
+        if prepared is not None:
+            prepared()
         for handle in pending:
             if id(handle) in skipped:
                 reports.append(Report(handle.name, "skipped", 0.0, None))

@@ -68,6 +68,12 @@ class Lifecycle:
         # Held until finalize() has run: wait_finalized() waits for its release.
         self._finalized = _thread.allocate_lock()
         self._finalized.acquire()
+        # Held until this ending's statuses are journaled (the finalizers' prepare()), by the
+        # thread in _journaling_in: a signal that means "now" waits for that, briefly
+        # (wait_journaled), so that what the process dies without writing is in the journal.
+        self._journaled = _thread.allocate_lock()
+        self._journaled.acquire()
+        self._journaling_in: int | None = None
         # The frame that called sys.exit, held until the finalizers have run (see note_exit).
         self.keep_alive: object = None
         # Finalizing because the interpreter is exiting through atexit (not finish(), not a
@@ -204,7 +210,29 @@ class Lifecycle:
         one journals every run's status), before a wait that a second signal may cut short.
         Nothing if finalizing has begun (by another path, with its own outcome)."""
         if self.owns_process() and self.phase == Phase.INSTALLED:
-            self.registry.prepare_all(outcome)
+            self._journaling_in = _thread.get_ident()
+            try:
+                self.registry.prepare_all(outcome)
+            finally:
+                self._note_journaled()
+
+    def wait_journaled(self, timeout: float) -> None:
+        """Block until this ending's statuses are journaled (or ``timeout`` seconds): at once in
+        the thread that journals them, where waiting would only wait for itself."""
+        if self._journaling_in == _thread.get_ident():
+            return
+        if self._journaled.acquire(timeout=timeout):
+            try:
+                self._journaled.release()
+            except RuntimeError:  # released meanwhile by _note_journaled: journaled all the same
+                pass
+
+    def _note_journaled(self) -> None:
+        self._journaling_in = None
+        try:
+            self._journaled.release()
+        except RuntimeError:  # noted already (the signal path journals before it finalizes)
+            pass
 
     def finalize(self, outcome: Outcome) -> list[Report]:
         """Run every finalizer once with ``outcome``. Later calls return [] and do nothing."""
@@ -221,12 +249,17 @@ class Lifecycle:
 
                 logger().debug("finalizing with %r", outcome)
             signals.guard()  # from the main thread: a Ctrl-C now ends the process
+            if self._journaled.locked():
+                self._journaling_in = _thread.get_ident()
             try:
-                reports = self.registry.run_all(outcome, self.options.deadline)
+                reports = self.registry.run_all(
+                    outcome, self.options.deadline, prepared=self._note_journaled
+                )
             finally:
                 signals.unguard()
             return reports
         finally:
+            self._note_journaled()
             self.phase = Phase.DONE
             if self.channel is not None and all(r.complete for r in reports):
                 # Every run is confirmed ended (or handed over): the guardian may stand down.
@@ -244,6 +277,9 @@ class Lifecycle:
         self._once = _thread.allocate_lock()
         self._finalized = _thread.allocate_lock()
         self._finalized.acquire()
+        self._journaled = _thread.allocate_lock()
+        self._journaled.acquire()
+        self._journaling_in = None
         self.outcome = None
         self.events = []
         self.exit_exception = None

@@ -80,6 +80,7 @@ if TYPE_CHECKING:
         def journal_ahead(self, outcome: Outcome) -> None: ...
         def finalize(self, outcome: Outcome) -> object: ...
         def wait_finalized(self, timeout: float) -> None: ...
+        def wait_journaled(self, timeout: float) -> None: ...
         def die_after_finalizing(self, signum: int) -> None: ...
 
 else:
@@ -277,6 +278,10 @@ def _inside_a_tracker(frame: FrameType | None) -> bool:
 
 # How long a parked thread waits, after the finalizers, for the death the ender deals next.
 DEATH_WAIT = 5.0
+
+# How long a signal that means "now" waits for the ending's statuses to be journaled, its first
+# step (milliseconds): the process then dies without writing them, but they are in the journal.
+JOURNAL_WAIT = 1.0
 
 # A main thread outside every tracker call, seen on the same instruction this long (the ender
 # handing over the GIL every millisecond meanwhile), is taken for stuck in a C call: its handler,
@@ -576,6 +581,7 @@ class SignalWatch:
             elif lifecycle.is_finalizing() and lifecycle.finalizing_for_a_signal():
                 # Finalizing for a signal taken the main thread's way (Ctrl-C's
                 # KeyboardInterrupt): another signal means now.
+                self._journaled_first()
                 die(signum)
             else:
                 # Finalizing an exit or a crash (torchrun's SIGTERM to the ranks left after one
@@ -612,7 +618,18 @@ class SignalWatch:
             "not written yet stay in the journal",
             signum,
         )
+        self._journaled_first()
         die(signum)
+
+    def _journaled_first(self) -> None:
+        """Before a death that comes "now": the statuses of the ending under way are journaled
+        first (its first step; at most JOURNAL_WAIT). A second signal in the same millisecond as
+        the first (one read of the pipe gives both) otherwise killed the process before the
+        ender had journaled anything, or in the middle of an entry's write, and with no
+        guardian the run stayed RUNNING."""
+        lifecycle = self._lifecycle
+        if self.ending or lifecycle.is_finalizing():
+            lifecycle.wait_journaled(JOURNAL_WAIT)
 
     def _overdue(self) -> None:
         """The deadline passed with the finalizing of an exit or a crash not done, and a signal
@@ -777,6 +794,7 @@ class SignalWatch:
             die_by_signal(signum)
             return
         if self.ending or (lifecycle.is_finalizing() and lifecycle.finalizing_for_a_signal()):
+            self._journaled_first()
             die_by_signal(signum)  # another signal while the process ends for one: now
         if lifecycle.is_finalizing():
             # The first signal while finalizing an exit or a crash: those finalizers finish,

@@ -17,6 +17,7 @@ or a GPU sync looks like from Python: no Python runs, no signal ends the wait).
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -285,6 +286,74 @@ def test_a_storm_of_sigterms_is_one_death_by_sigterm(tmp_path: Path) -> None:
         finally:
             proc.kill()
             proc.wait(CHILD_TIMEOUT)
+
+
+SECOND_SIGNAL_WHILE_JOURNALING = """
+import json, os, sys
+{install}
+import lifeguard
+import mlflow
+
+gate = int(sys.argv[1])
+
+class HoldsTheJournaling:
+    # Registered after install(): its prepare() comes before the MLflow finalizer's, which
+    # journals the run's status. It holds it until the test opens the gate.
+    def prepare(self, outcome):
+        os.write(1, b"preparing\\n")
+        os.read(gate, 1)
+
+    def __call__(self, outcome):
+        pass
+
+lifeguard.register(HoldsTheJournaling(), name="holds")
+run = mlflow.start_run()
+{ready}
+{stuck}
+stuck_in_c()
+"""
+
+
+def test_a_second_signal_waits_for_the_statuses_to_be_journaled(
+    store: Store, tmp_path: Path
+) -> None:
+    """SIGTERM, and SIGHUP while the ender is still journaling (a finalizer's prepare() holds it
+    there): the second signal means "now", but the process dies only once the run's status is
+    in the journal, for the replayer or the guardian to write. It used to die at once, before
+    the MLflow finalizer had journaled anything: with no guardian, the run stayed RUNNING."""
+    path = program(tmp_path, "journaling", SECOND_SIGNAL_WHILE_JOURNALING)
+    journal = store.path.parent / "journal"
+    gate_read, gate_write = os.pipe()
+    proc = subprocess.Popen(
+        [sys.executable, str(path), str(gate_read)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        pass_fds=(gate_read,),
+        env=child_env(store, LIFEGUARD_REPLAY_BOUND="0"),  # no replayer: the entry stays
+    )
+    os.close(gate_read)
+    try:
+        assert proc.stdout is not None
+        ready = proc.stdout.readline().decode()
+        assert ready.startswith("LIFEGUARD-READY"), ready
+        run_id = run_id_in(ready)
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.stdout.readline() == b"preparing\n"
+        os.kill(proc.pid, signal.SIGHUP)
+        # Without the wait, the death came in milliseconds; with it, not before the status is
+        # journaled, which the gate holds back (the wait is bounded at 1 s, from the SIGHUP).
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(0.3)
+        os.write(gate_write, b"x")
+        _, stderr = proc.communicate(timeout=CHILD_TIMEOUT)
+        assert proc.returncode == -signal.SIGHUP, stderr.decode(errors="replace")
+        assert "second signal" in stderr.decode(), stderr
+        entry = json.loads((journal / f"{run_id}.json").read_text())
+        assert (entry["status"], entry["tags"]["lifeguard.signal"]) == ("KILLED", "SIGTERM")
+    finally:
+        os.close(gate_write)
+        proc.kill()
+        proc.wait(CHILD_TIMEOUT)
 
 
 READ_LATE = """
