@@ -306,9 +306,10 @@ class Failures:
             logger().debug("could not move %s aside: %s", entry.path, exc)
             return False
         _annotate(target, why)
-        lastgasp = sys.modules.get("lifeguard.lastgasp")
-        if lastgasp is not None:
-            lastgasp.note_gone(entry.path)
+        # getattr: half made (another thread importing it), it has nothing kept yet.
+        note_gone = getattr(sys.modules.get("lifeguard.lastgasp"), "note_gone", None)
+        if note_gone is not None:
+            note_gone(entry.path)
         self._event("settled", entry.run_id)
         self.moved.append(
             {

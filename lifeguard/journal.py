@@ -338,9 +338,10 @@ class Journal:
             os.unlink(path)
         except FileNotFoundError:
             pass
-        lastgasp = sys.modules.get("lifeguard.lastgasp")
-        if lastgasp is not None:
-            lastgasp.note_gone(path)
+        # getattr: half made (another thread importing it), it has nothing kept yet.
+        note_gone = getattr(sys.modules.get("lifeguard.lastgasp"), "note_gone", None)
+        if note_gone is not None:
+            note_gone(path)
 
     def claim(self, entry: Entry, wait: float = 0.0) -> Claim:
         """Hold ``entry``'s file while its status is written, so that two replays never write
@@ -577,8 +578,8 @@ def _hours(seconds: float) -> str:
 
 def _journaled_here(path: str) -> bool:
     """Whether this process wrote the entry at ``path`` (rather than read it: a replay)."""
-    lastgasp = sys.modules.get("lifeguard.lastgasp")
-    return lastgasp is not None and bool(lastgasp.journaled_here(path))
+    journaled_here = getattr(sys.modules.get("lifeguard.lastgasp"), "journaled_here", None)
+    return journaled_here is not None and bool(journaled_here(path))
 
 
 def _first_line(error: object) -> str:

@@ -171,9 +171,10 @@ class Lifecycle:
             # Statuses left only journaled (a write that failed or ran out of time) get a
             # replayer that outlives the process (lifeguard.lastgasp; loaded only by a
             # process that journaled something, and never imported here, at the exit).
-            lastgasp = sys.modules.get("lifeguard.lastgasp")
-            if lastgasp is not None and self.owns_process():
-                lastgasp.leave_replayer()
+            # getattr: half made (another thread importing it), it has nothing kept yet.
+            leave = getattr(sys.modules.get("lifeguard.lastgasp"), "leave_replayer", None)
+            if leave is not None and self.owns_process():
+                leave()
 
     def _end_at_exit(self) -> None:
         has_work = self.registry.has_work()

@@ -180,9 +180,17 @@ def _last_gasp() -> None:
     """Statuses this process leaves only journaled get a replayer that outlives it
     (``lifeguard.lastgasp``). Looked up, never imported, at the instant of death; a process
     that journaled nothing never loaded it, and has nothing to leave."""
-    lastgasp = sys.modules.get("lifeguard.lastgasp")
-    if lastgasp is not None:
-        lastgasp.leave_replayer()
+    # getattr: the module is in sys.modules while another thread still imports it (the ender's
+    # first journal entry). Half made, it has no leave_replayer yet, and nothing kept either.
+    # Anything raised here would go past the kill to os._exit(128 + signum): an exit code where
+    # the process must die of the signal.
+    leave_replayer = getattr(sys.modules.get("lifeguard.lastgasp"), "leave_replayer", None)
+    if leave_replayer is None:
+        return
+    try:
+        leave_replayer()
+    except Exception:  # noqa: BLE001 - nothing may keep the process from the death it was sent
+        pass
 
 
 # The main thread's ident, taken at install() once a handler is set (which only the main thread

@@ -272,6 +272,27 @@ def test_install_with_nothing_to_check_loads_no_checks_and_no_backend() -> None:
     assert "LIFEGUARD_DEADLINE" in result.stderr
 
 
+@pytest.mark.parametrize("thread", ["the main thread", "another thread"])
+def test_a_half_imported_last_gasp_never_turns_a_death_into_an_exit(thread: str) -> None:
+    """At the instant of death the last gasp is looked up in sys.modules, where another thread
+    may be importing it right then (the ender's first journal entry): half made, it has no
+    leave_replayer yet. The AttributeError went past the kill, and the process exited 143
+    instead of dying of SIGTERM (mixed SIGTERM/SIGHUP storms, a run open: 11 in 100)."""
+    result = python(
+        f"""
+        import sys, threading, types
+        from lifeguard import signals
+        sys.modules["lifeguard.lastgasp"] = types.ModuleType("lifeguard.lastgasp")  # half made
+        if {thread == "the main thread"}:
+            signals.die_by_signal(15)
+        else:
+            threading.Thread(target=signals.die_from_any_thread, args=(15,)).start()
+            threading.Event().wait(60)
+        """
+    )
+    assert result.returncode == -signal.SIGTERM, (result.returncode, result.stderr)
+
+
 def test_install_uninstall_restores_everything() -> None:
     result = python(
         """
