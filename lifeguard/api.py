@@ -37,6 +37,11 @@ replay_pid: int | None = None
 # In a forked child: the runs that were on MLflow's active-run stacks when it was forked. They
 # are the parent's, though this process's stacks still hold them.
 _inherited_runs: frozenset[str] = frozenset()
+# Every run MLFLOW_RUN_ID named at an install() in this process. MLflow takes the variable out of
+# the environment when start_run() attaches to it; an install() after that (the program's own
+# under `lifeguard run`, finish()'s re-arm, uninstall() then install()) must still know the run
+# for the attached one, which it leaves alone unless end_attached.
+_attached_runs: frozenset[str] = frozenset()
 
 
 def current() -> Lifecycle | None:
@@ -131,24 +136,10 @@ def install_at_start() -> None:
 
 def _install_again(options: dict[str, object]) -> None:
     """The program's own ``install(...)`` over the one made at start on its behalf: the same
-    hooks, with its options. Runs it attached to through ``MLFLOW_RUN_ID`` (which MLflow takes
-    out of the environment when it attaches) stay its to leave alone."""
-    before = current()
-    deferred = before.mlflow_finalizer if before is not None else None
-    attached: frozenset[str] = (
-        _mlflow_of(deferred).attached if deferred is not None else frozenset()
-    )
+    hooks, with its options. A run it attached to through ``MLFLOW_RUN_ID`` stays its to leave
+    alone (``_attached_runs``)."""
     uninstall()
     install(**options)
-    lifecycle = current()
-    if lifecycle is not None and lifecycle.mlflow_finalizer is not None:
-        finalizer = _mlflow_of(lifecycle.mlflow_finalizer)
-        finalizer.attached = finalizer.attached | attached
-
-
-def _mlflow_of(deferred: Deferred) -> MlflowFinalizer:
-    finalizer: MlflowFinalizer = deferred.loaded()  # type: ignore[assignment]
-    return finalizer
 
 
 def _register_builtins(options: Options, lifecycle: Lifecycle) -> None:
@@ -177,15 +168,16 @@ def _mlflow_finalizer(options: Options) -> Callable[[], MlflowFinalizer]:
     MLFLOW_RUN_ID from the environment when start_run() attaches to it, so the attached run's
     id is read at install(), before that happens; the runs a forked parent left on the
     active-run stacks are the parent's."""
-    attached = os.environ.get("MLFLOW_RUN_ID")
-    end_attached, inherited = options.end_attached, _inherited_runs
+    global _attached_runs
+    named = os.environ.get("MLFLOW_RUN_ID")
+    if named:
+        _attached_runs = _attached_runs | {named}
+    attached, end_attached, inherited = _attached_runs, options.end_attached, _inherited_runs
 
     def make() -> MlflowFinalizer:
         from lifeguard.backends.mlflow.finalizer import MlflowFinalizer
 
-        finalizer = MlflowFinalizer(
-            end_attached=end_attached, attached=frozenset([attached] if attached else [])
-        )
+        finalizer = MlflowFinalizer(end_attached=end_attached, attached=attached)
         finalizer.inherited = inherited
         return finalizer
 

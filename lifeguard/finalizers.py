@@ -100,13 +100,17 @@ class Deferred:
     library the program never used costs a ``sys.modules`` lookup. ``load()`` makes the real
     one, once."""
 
-    __slots__ = ("_load", "_real", "modules", "name")
+    __slots__ = ("_load", "_loading", "_real", "modules", "name")
 
     def __init__(self, name: str, modules: tuple[str, ...], load: Callable[[], Finalizer]) -> None:
         self.name = name
         self.modules = modules
         self._load = load
         self._real: Finalizer | None = None
+        # One real finalizer, whichever threads ask first (the heartbeat's, the ender): it keeps
+        # state (MLflow's plan). Re-entrant: a signal handler in the middle of a load, in the
+        # thread that loads, must not wait for itself.
+        self._loading = _thread.RLock()
 
     def used(self) -> bool:
         """Whether the program loaded this tracker."""
@@ -116,7 +120,10 @@ class Deferred:
         """The real finalizer, loaded now if it was not yet."""
         real = self._real
         if real is None:
-            real = self._real = self._load()
+            with self._loading:
+                real = self._real
+                if real is None:
+                    real = self._real = self._load()
         return real
 
     def applies(self) -> bool:

@@ -5,14 +5,17 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import mlflow
 import pytest
 
 from lifeguard.backends.mlflow.heartbeat import Heartbeat
 from lifeguard.names import TAG_HEARTBEAT
-from tests.conftest import Scenario, Store, child_env
+from tests.conftest import CHILD_TIMEOUT, Scenario, Store, child_env
 
 
 def test_beat_refreshes_own_runs_and_survives_a_dead_server(
@@ -93,3 +96,47 @@ def test_heartbeat_runs_while_training_and_stops_at_the_end(
     assert run.info.status == "KILLED"
     assert len(set(seen)) >= 3  # the first beat at start_run, then the thread's
     assert int(run.data.tags[TAG_HEARTBEAT]) <= run.info.end_time  # none after the end
+
+
+UNDER_RUN = """
+import sys, mlflow, lifeguard
+lifeguard.install(heartbeat=1)  # over the install made at start by `lifeguard run`
+run = mlflow.start_run()
+print(run.info.run_id, flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_the_programs_own_heartbeat_holds_under_lifeguard_run(store: Store, tmp_path: Path) -> None:
+    """`lifeguard run` installs at start with the default heartbeat (60 s); the program's own
+    install(heartbeat=1) replaces it. The beat thread already running kept its first beat 60 s
+    away: the run said it beat every second and did not, for a minute."""
+    program = tmp_path / "prog.py"
+    program.write_text(UNDER_RUN)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lifeguard", "run", "--", sys.executable, str(program)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(store),
+        cwd=tmp_path,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        run_id = proc.stdout.readline().strip()
+        assert run_id, proc.stderr
+        beats: set[str] = set()
+        give_up = time.monotonic() + 30  # three beats take 3 s; 30 s is for a loaded machine
+        while len(beats) < 3 and time.monotonic() < give_up:
+            beat = store.run(run_id).data.tags.get(TAG_HEARTBEAT)
+            if beat is not None:
+                beats.add(beat)
+            time.sleep(0.2)  # polling the store, not waiting for an event
+        assert len(beats) >= 3, beats
+        proc.stdin.close()
+        assert proc.wait(CHILD_TIMEOUT) == 0
+        assert store.status(run_id) == "FINISHED"
+    finally:
+        proc.kill()
+        proc.wait(CHILD_TIMEOUT)

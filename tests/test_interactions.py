@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from tests.conftest import Scenario, Store, child_env, wait_blocked, wait_gone
+from tests.conftest import CHILD_TIMEOUT, Scenario, Store, child_env, wait_blocked, wait_gone
 
 pytestmark = pytest.mark.slow
 
@@ -167,6 +169,38 @@ def test_attached_run_left_alone_unless_asked(
     assert result.ready["run_ids"] == [run_id]
     assert store.status(run_id) == ("KILLED" if end_attached else "RUNNING")
     assert scenario.calls() == [(result.ready["pid"], "KILLED")]
+
+
+@pytest.mark.parametrize("again", ["finish()", "uninstall(); lifeguard.install()"])
+def test_an_attached_run_stays_attached_after_install_again(
+    store: Store, tmp_path: Path, again: str
+) -> None:
+    """MLflow takes MLFLOW_RUN_ID out of the environment when start_run() attaches to it. An
+    install() after that (finish()'s re-arm, uninstall() then install()) used to find no
+    attached run, and the exit ended it FAILED: the run of the parent that launched the
+    program, which lifeguard must leave alone unless asked. Left alone, MLflow's own exit hook
+    ends it, as without lifeguard: FINISHED, with no tag of lifeguard's."""
+    parent = store.client.create_run(store.client.get_experiment_by_name("Default").experiment_id)
+    run_id = parent.info.run_id
+    code = f"""
+import sys, mlflow, lifeguard
+lifeguard.install()
+run = mlflow.start_run()
+assert run.info.run_id == {run_id!r}, run.info.run_id
+lifeguard.{again}
+sys.exit(4)
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT,
+        env=child_env(store, MLFLOW_RUN_ID=run_id),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 4, result.stderr
+    assert store.status(run_id) == "FINISHED", result.stderr
+    assert not [t for t in store.run(run_id).data.tags if t.startswith("lifeguard.")], result.stderr
 
 
 def test_async_metrics_are_flushed_before_the_run_ends(scenario: Scenario, store: Store) -> None:

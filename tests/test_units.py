@@ -663,6 +663,37 @@ def test_a_deferred_finalizer_loads_once_and_only_for_a_loaded_tracker(
     assert repr(deferred) == "<lifeguard fake finalizer>"
 
 
+def test_a_deferred_finalizer_is_made_once_whichever_threads_ask(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The heartbeat thread and the ender may ask for the MLflow finalizer at once; it keeps
+    state (its plan), so there must be one."""
+    from lifeguard.finalizers import Deferred
+
+    entered = threading.Semaphore(0)
+    release = threading.Event()
+    made: list[object] = []
+
+    def load() -> object:
+        entered.release()
+        release.wait(30)
+        made.append(object())
+        return lambda outcome: None
+
+    monkeypatch.setitem(sys.modules, "lifeguard_test_fake_tracker", object())  # type: ignore[arg-type]
+    deferred = Deferred("fake", ("lifeguard_test_fake_tracker",), load)  # type: ignore[arg-type]
+    threads = [threading.Thread(target=deferred.loaded) for _ in range(2)]
+    threads[0].start()
+    assert entered.acquire(timeout=30)
+    threads[1].start()
+    # A second load would start at once; with one, the second thread waits for the first.
+    assert not entered.acquire(timeout=0.5)
+    release.set()
+    for thread in threads:
+        thread.join(30)
+    assert len(made) == 1
+
+
 def test_unused_builtin_finalizers_take_no_share_of_the_deadline() -> None:
     from lifeguard.finalizers import time_left
 

@@ -93,10 +93,12 @@ class Heartbeat:
 
     def _run(self) -> None:
         take_no_signals()
-        next_beat = time.monotonic() + self.interval
+        last = time.monotonic()
         while not self._stop.wait(min(ADOPT_EVERY, self.interval)):
-            if time.monotonic() >= next_beat:
-                next_beat = time.monotonic() + self.interval
+            # The interval is read at each wake-up: the program's own install(heartbeat=...) may
+            # shorten it after `lifeguard run` started this thread with the default.
+            if time.monotonic() >= last + self.interval:
+                last = time.monotonic()
                 self.beat()
             elif self._resumed_runs():
                 self.beat()
