@@ -97,8 +97,8 @@ class Deferred:
     """A built-in finalizer whose code is loaded when it first has work: a tracker's, which has
     none until the program imports that tracker (one of ``modules`` is in ``sys.modules``).
     ``install()`` registers one per tracker and loads none of their code; a finalizer for a
-    library the program never used costs a ``sys.modules`` lookup. ``load()`` makes the real
-    one, once."""
+    library the program never used costs a ``sys.modules`` lookup. :meth:`loaded` makes the
+    real one (``load()``), once."""
 
     __slots__ = ("_load", "_loading", "_real", "modules", "name")
 
