@@ -14,23 +14,13 @@ The built-in finalizers run in this order, after every finalizer the program reg
 
 from __future__ import annotations
 
-from lifeguard.finalizers import Deferred
-from lifeguard.names import MODULES
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from lifeguard.outcome import Outcome
 
-__all__ = ["finalizer_of", "load"]
-
-
-def load(name: str) -> Deferred:
-    """The finalizer for a backend, loaded when it first has work: install() stays cheap."""
-    if name not in MODULES:
-        raise ValueError(f"unknown backend {name!r}")
-    return Deferred(name, MODULES[name], lambda: finalizer_of(name))
+__all__ = ["finalizer_of"]
 
 
 def finalizer_of(name: str) -> Callable[[Outcome], object]:
