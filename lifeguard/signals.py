@@ -452,7 +452,14 @@ class SignalWatch:
             return
         self._listening = True
         self.ears.open()
-        _thread.start_new_thread(self._listen, (self.ears.listen(),))
+        running = _thread.allocate_lock()
+        running.acquire()
+        _thread.start_new_thread(self._listen, (self.ears.listen(), running))
+        # Wait until it runs, as threading.Thread.start() does. Until then CPython (3.10 to
+        # 3.12) has not set up the new thread's state: an interpreter that finalizes meanwhile
+        # (a program that ends just after install()) frees the memory the thread then writes,
+        # and the process dies of SIGSEGV instead of exiting as it would have.
+        running.acquire()
 
     def _stop_listener(self) -> None:
         if not self._listening:
@@ -524,10 +531,11 @@ class SignalWatch:
 
     # -- the listener thread -------------------------------------------------------------------
 
-    def _listen(self, read_fd: int) -> None:
+    def _listen(self, read_fd: int, running: _thread.LockType) -> None:
         """What is in the pipe came while lifeguard's handler was the one in place (see
         lifeguard.ears): lifeguard's signal, however late this thread reads it."""
         take_no_signals()
+        running.release()
         while True:
             die_by = self.die_by
             heard = wait(read_fd, None if die_by is None else die_by - time.monotonic())
