@@ -38,6 +38,7 @@ from lifeguard.journaldir import (
     replay_due,
     replay_started,
     replay_wanted,
+    run_of_temporary,
     untrusted_directory,
 )
 from lifeguard.names import TAG_ENDED_BY
@@ -112,6 +113,10 @@ NOT_SENT = "not sent"
 # may come back: longer).
 MISSING_BOUND = 24 * 3600.0
 UNREACHABLE_BOUND = 7 * 24 * 3600.0
+# An unfinished entry (its temporary file, see Journal.write) whose writer cannot be checked from
+# here (another machine's, on a shared home) is taken for abandoned this long after it was
+# written: its writer renames it microseconds after the write.
+ABANDONED_AFTER = 60.0
 
 
 class JournalError(RuntimeError):
@@ -364,7 +369,7 @@ class Journal:
             names = sorted({run_id + SUFFIX for run_id in run_ids if _is_run_id(run_id)})
         else:
             try:
-                names = sorted(os.listdir(self.directory))
+                names = sorted(self._put_in_place(os.listdir(self.directory)))
             except FileNotFoundError:
                 return
         for name in names:
@@ -385,6 +390,69 @@ class Journal:
                 self.set_aside(path, exc)
                 continue
             yield entry
+
+    def _put_in_place(self, names: list[str]) -> set[str]:
+        """``names``, with the entries their writers wrote but died before renaming into place
+        (a SIGKILL in the microseconds between write() and rename(), see write): each is renamed
+        into place now, as its writer would have done, unless a later entry for the run is there
+        already. Only once its writer is known to be dead (or, where that cannot be known from
+        here, ABANDONED_AFTER after it was written): a live writer renames it itself."""
+        listed = set(names)
+        for name in names:
+            run_id = run_of_temporary(name)
+            if run_id is None:
+                continue
+            temporary = os.path.join(self.directory, name)
+            try:
+                written = self._abandoned(temporary, run_id)
+            except FileNotFoundError:
+                continue  # renamed by its writer, or by another replay, meanwhile
+            except Untrusted as exc:
+                self._refuse_file(temporary, str(exc))
+                continue
+            except (OSError, ValueError, UnicodeDecodeError) as exc:
+                self.set_aside(temporary, exc)
+                continue
+            if written is None:
+                continue
+            path = self._path(run_id)
+            with Claim(path, CLAIM_WAIT) as claim:
+                if claim.state == BUSY:
+                    continue  # a replay is writing the run's entry now: see it next time
+                try:
+                    if claim.state == HELD and os.lstat(path).st_mtime > written:
+                        os.unlink(temporary)  # a later entry for the run stands
+                    else:
+                        os.replace(temporary, path)
+                        logger().warning(
+                            "journal entry %s was left unfinished by a process that died; "
+                            "put in place as %s",
+                            temporary,
+                            path,
+                        )
+                except FileNotFoundError:
+                    continue
+            listed.add(run_id + SUFFIX)
+        return listed
+
+    def _abandoned(self, temporary: str, run_id: str) -> float | None:
+        """When ``temporary`` was written, if its writer died without renaming it into place;
+        else None. Raises Untrusted, OSError or ValueError, as reading an entry does."""
+        data = read_private(temporary)
+        age = time.time() - os.lstat(temporary).st_mtime
+        if not data and age < ABANDONED_AFTER:
+            return None  # its writer may be about to write it
+        entry = Entry.from_json(data.decode("utf-8"), temporary)
+        if entry.run_id != run_id:
+            raise ValueError(f"holds run {entry.run_id!r}, not the run its name says")
+        from lifeguard.owner import Owner
+
+        if entry.writer is not None and entry.writer.same_process(Owner.current()):
+            return None  # this process's own write, in another thread: alive, by definition
+        alive = entry.writer_alive()
+        if alive or (alive is None and age < ABANDONED_AFTER):
+            return None
+        return time.time() - age
 
     def keep(self, entry: Entry) -> bool:
         """Write ``entry``; whether it was written. A journal that cannot take it (a full disk, a

@@ -26,10 +26,13 @@ __all__ = [
     "replay_due",
     "replay_started",
     "replay_wanted",
+    "run_of_temporary",
     "untrusted_directory",
 ]
 
 SUFFIX = ".json"
+# An entry is written to ``<run_id>.json.<pid>.tmp``, then renamed into place (Journal.write).
+TEMPORARY = ".tmp"
 # Touched by install() each time it starts a replay; see replay_due.
 REPLAY_STAMP = ".replay-started"
 # Touched when a process leaves a new status in the journal after a write that failed: the next
@@ -200,12 +203,30 @@ def replay_due(directory: str) -> bool:
 
 
 def _has_entry(directory: str) -> bool:
-    """Whether ``directory`` holds an entry: read only as far as the first one."""
+    """Whether ``directory`` holds an entry, or one whose writer may have died before renaming
+    it into place: read only as far as the first one."""
     try:
         with os.scandir(directory) as names:
-            return any(name.name.endswith(SUFFIX) for name in names)
+            return any(
+                name.name.endswith(SUFFIX) or run_of_temporary(name.name) is not None
+                for name in names
+            )
     except FileNotFoundError:
         return False
+
+
+def run_of_temporary(name: str) -> str | None:
+    """The run whose entry the file ``name`` was on its way to be (``<run_id>.json.<pid>.tmp``,
+    see Journal.write), or None if it is no such file."""
+    if not name.endswith(TEMPORARY):
+        return None
+    entry, _, pid = name[: -len(TEMPORARY)].rpartition(".")
+    if not pid.isdigit() or not entry.endswith(SUFFIX):
+        return None
+    run_id = entry[: -len(SUFFIX)]
+    if not run_id or "/" in run_id or run_id.startswith("."):
+        return None
+    return run_id
 
 
 def _read_stamp(directory: str) -> tuple[float, float] | None:

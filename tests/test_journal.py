@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import os
+import signal
 import stat
 import subprocess
+import sys
+import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from lifeguard.journal import Entry, Journal, redact_uri
+from lifeguard.journal import ABANDONED_AFTER, Entry, Journal, redact_uri
+from lifeguard.owner import Owner
+from tests.conftest import CHILD_TIMEOUT, Store, child_env, sweep
 
 OTHER_UID = 65534  # nobody
 
@@ -417,3 +422,137 @@ def test_programs_started_together_start_one_replay(tmp_path: Path) -> None:
         for _ in range(3)
     ]  # fmt: skip
     assert pids[0] != 0 and pids[1:] == [0, 0], pids
+
+
+# -- an entry its writer died before renaming into place --------------------------------------
+
+
+def _unfinished(directory: Path, written: Entry, pid: int, age: float = 0.0) -> Path:
+    """The temporary file Journal.write leaves when its writer dies between the write and the
+    rename (a SIGKILL in those microseconds), ``age`` seconds old."""
+    path = directory / f"{written.run_id}.json.{pid}.tmp"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as file:
+        file.write(written.to_json())
+    if age:
+        then = time.time() - age
+        os.utime(path, (then, then))
+    return path
+
+
+def _owner_of(process: subprocess.Popen[bytes]) -> Owner:
+    owner = Owner.of_pid(process.pid)
+    assert owner is not None
+    return owner
+
+
+def test_an_entry_whose_writer_died_before_the_rename_is_put_in_place(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    journal = Journal(str(tmp_path))
+    journal.ensure()
+    writer = subprocess.Popen(["true"])
+    owner = _owner_of(writer)
+    writer.wait(timeout=60)
+    left = entry("e" * 32)
+    left.writer, left.pid = owner, owner.pid
+    temporary = _unfinished(tmp_path, left, owner.pid)
+    assert journal.replay_due(), "install() would not replay it"
+    [read] = list(journal.entries())
+    assert (read.run_id, read.status, read.end_time) == ("e" * 32, "KILLED", 1_700_000_000_123)
+    assert not temporary.exists() and (tmp_path / ("e" * 32 + ".json")).exists()
+    assert "left unfinished by a process that died" in caplog.text
+
+
+def test_an_entry_its_writer_is_still_renaming_is_left_to_it(tmp_path: Path) -> None:
+    journal = Journal(str(tmp_path))
+    journal.ensure()
+    with subprocess.Popen(["cat"], stdin=subprocess.PIPE) as writer:
+        left = entry("f" * 32)
+        left.writer, left.pid = _owner_of(writer), writer.pid
+        temporary = _unfinished(tmp_path, left, writer.pid, age=3600)
+        assert list(journal.entries()) == []
+        assert temporary.exists()
+        writer.stdin.close()  # type: ignore[union-attr]
+
+
+def test_an_entry_from_elsewhere_is_put_in_place_once_it_is_old(tmp_path: Path) -> None:
+    """A writer that cannot be checked from here (another machine's, on a shared home; the
+    first format's bare pid): its entry is abandoned ABANDONED_AFTER after it was written."""
+    journal = Journal(str(tmp_path))
+    journal.ensure()
+    left = entry("1" * 32)
+    left.pid = 4242  # a pid alone: its writer cannot be checked
+    temporary = _unfinished(tmp_path, left, 4242)
+    assert list(journal.entries()) == []
+    assert temporary.exists()
+    os.utime(temporary, (time.time() - ABANDONED_AFTER - 1,) * 2)
+    assert [e.run_id for e in journal.entries()] == ["1" * 32]
+    assert not temporary.exists()
+
+
+def test_a_later_entry_for_the_run_stands(tmp_path: Path) -> None:
+    journal = Journal(str(tmp_path))
+    journal.ensure()
+    left = entry("2" * 32)
+    left.pid = 4242
+    temporary = _unfinished(tmp_path, left, 4242, age=2 * ABANDONED_AFTER)
+    later = Entry("2" * 32, "http://127.0.0.1:5000", "FAILED", 1_700_000_009_000, {})
+    journal.write(later)
+    [read] = list(journal.entries())
+    assert (read.status, read.end_time) == ("FAILED", 1_700_000_009_000)
+    assert not temporary.exists()
+
+
+def test_an_empty_unfinished_entry_is_set_aside_once_abandoned(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Killed between the open and the write: nothing to put in place, and one line says so."""
+    journal = Journal(str(tmp_path))
+    journal.ensure()
+    temporary = tmp_path / ("3" * 32 + ".json.4242.tmp")
+    temporary.touch(0o600)
+    assert list(journal.entries()) == [] and temporary.exists()
+    os.utime(temporary, (time.time() - ABANDONED_AFTER - 1,) * 2)
+    assert list(journal.entries()) == []
+    assert not temporary.exists() and Path(f"{temporary}.corrupt").exists()
+    assert "corrupt journal file" in caplog.text
+
+
+@pytest.mark.timeout(300)
+def test_a_status_killed_between_its_write_and_rename_is_still_written(store: Store) -> None:
+    """A process SIGKILLed after writing its entry's temporary file and before the rename: the
+    next replay (here the sweep's) writes the status it was journaling, not the sweep's own."""
+    program = textwrap.dedent(
+        """
+        import os, signal, sys
+        import lifeguard, mlflow
+        lifeguard.install()
+        print(mlflow.start_run().info.run_id, flush=True)
+        rename = os.replace
+        def replace(source, target, *args, **kwargs):
+            if str(source).endswith(".tmp") and str(target).endswith(".json"):
+                os.kill(os.getpid(), signal.SIGKILL)  # the instant between write and rename
+            return rename(source, target, *args, **kwargs)
+        os.replace = replace
+        sys.exit(3)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program],
+        env=child_env(store),
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT,
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    run_id = done.stdout.strip()
+    journal = store.path.parent / "journal"
+    [left] = journal.iterdir()
+    assert left.name.startswith(f"{run_id}.json.") and left.name.endswith(".tmp")
+    sweep(store)
+    run = store.run(run_id)
+    assert run.info.status == "FAILED", run.data.tags
+    assert run.data.tags["lifeguard.exit_code"] == "3"
+    assert run.info.end_time is not None
+    assert not any(p.name.endswith((".json", ".tmp")) for p in journal.iterdir())
