@@ -160,6 +160,7 @@ class Lifecycle:
 
     def on_interpreter_exit(self) -> None:
         try:
+            self.hooks.signals.wait_for_the_listener()
             if self.owns_process():
                 # The main thread got to the end while the ender finalizes for a signal: the
                 # process dies of that signal, not of this exit.

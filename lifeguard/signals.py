@@ -291,6 +291,10 @@ DEATH_WAIT = 5.0
 # step (milliseconds): the process then dies without writing them, but they are in the journal.
 JOURNAL_WAIT = 1.0
 
+# How long the exit waits for a listener thread just started to run (see wait_for_the_listener):
+# a thread is scheduled within milliseconds even on a loaded machine; past this, exit anyway.
+LISTENER_WAIT = 5.0
+
 # A main thread outside every tracker call, seen on the same instruction this long (the ender
 # handing over the GIL every millisecond meanwhile), is taken for stuck in a C call: its handler,
 # and the contextvars it hands over, are not waited for. One that runs Python moves on at once,
@@ -327,6 +331,8 @@ class SignalWatch:
         # heard now (lifeguard.ears). The wakeup fd stays the program's.
         self.ears = Ears()
         self._listening = False
+        # Released by the listener thread once it runs (see wait_for_the_listener).
+        self._listener_runs: _thread.LockType | None = None
         # The C function the program calls, while lifeguard's wrapper stands in for it.
         self._wrapped: dict[str, object] = {}
         self._parked = False
@@ -452,18 +458,26 @@ class SignalWatch:
             return
         self._listening = True
         self.ears.open()
-        running = _thread.allocate_lock()
-        running.acquire()
-        _thread.start_new_thread(self._listen, (self.ears.listen(), running))
-        # Wait until it runs, as threading.Thread.start() does. Until then CPython (3.10 to
-        # 3.12) has not set up the new thread's state: an interpreter that finalizes meanwhile
-        # (a program that ends just after install()) frees the memory the thread then writes,
-        # and the process dies of SIGSEGV instead of exiting as it would have.
-        running.acquire()
+        runs = self._listener_runs = _thread.allocate_lock()
+        runs.acquire()
+        _thread.start_new_thread(self._listen, (self.ears.listen(), runs))
+
+    def wait_for_the_listener(self) -> None:
+        """Block until the listener thread has run, at most LISTENER_WAIT (at once, nearly
+        always). Until a thread has run, CPython (3.10 to 3.12) has not set up its state: an
+        interpreter that finalized meanwhile (a program that ends just after install()) would
+        free the memory the thread then writes, and the process would die of SIGSEGV instead of
+        exiting as it would have. So the exit hook and uninstall() wait for it, as
+        threading.Thread.start() does; install() does not, on a loaded machine a thread may be
+        scheduled milliseconds later, and a program that runs on never has to wait."""
+        runs = self._listener_runs
+        if runs is not None and runs.acquire(timeout=LISTENER_WAIT):
+            runs.release()
 
     def _stop_listener(self) -> None:
         if not self._listening:
             return
+        self.wait_for_the_listener()
         self._listening = False
         self.ears.close()  # end-of-file ends the listener
         self.ears = Ears()
@@ -473,6 +487,7 @@ class SignalWatch:
         child's signals go to CPython's handler alone, as they did before lifeguard."""
         self.ears.forget_after_fork()
         self._listening = False
+        self._listener_runs = None
 
     # -- dispositions the program sets, and hands back ----------------------------------------
 

@@ -397,34 +397,38 @@ def test_uninstall_then_install_takes_the_new_options() -> None:
     assert "lifeguard.uninstall()" in result.stderr
 
 
-def test_install_returns_once_its_listener_thread_runs() -> None:
+def test_the_exit_and_uninstall_wait_for_the_listener_thread_to_run() -> None:
     """A thread that has not run yet has no thread state in CPython 3.10 to 3.12: if the
     program ends before it runs, the interpreter frees memory the thread then writes, and the
-    process dies of SIGSEGV (1 in about 300 on 3.10, when install() came just before the end).
-    So install() returns only once its listener runs, as threading.Thread.start() does."""
+    process dies of SIGSEGV (1 in about 300 on 3.10, with install() just before the end). So
+    lifeguard's exit hook and uninstall() wait for its listener to have run. Here a scheduler
+    that starts each new thread a second late stands in for a loaded machine."""
     code = textwrap.dedent(
         """
-        import sys, _thread, lifeguard
-        started = []
+        import atexit, sys, _thread, time, lifeguard
+        started, ran = [], []
         start = _thread.start_new_thread
-        def spy(*args):
-            started.append(start(*args))
+        def late(function, args):
+            time.sleep(1.0)
+            ran.append(_thread.get_ident())
+            function(*args)
+        def spy(function, args):
+            started.append(start(late, (function, args)))
             return started[-1]
         _thread.start_new_thread = spy
-        late = 0
-        for _ in range(200):
-            lifeguard.install()
-            late += started[-1] not in sys._current_frames()
-            lifeguard.uninstall()
-        print(len(started), late)
+        lifeguard.install()
+        lifeguard.uninstall()
+        print("uninstall", started == ran, flush=True)
+        # atexit runs last-registered-first: this hook runs after lifeguard's.
+        atexit.register(lambda: print("exit", started == ran, flush=True))
+        lifeguard.install()
         """
     )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=CHILD_TIMEOUT
     )
     assert result.returncode == 0, result.stderr
-    # The old code returned before 15 to 45 of the 200 listeners had run.
-    assert result.stdout.split() == ["200", "0"], result.stderr
+    assert result.stdout.split() == ["uninstall", "True", "exit", "True"], result.stderr
 
 
 def test_readme_documents_every_exported_name() -> None:
