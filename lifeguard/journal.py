@@ -199,7 +199,9 @@ class Entry:
         from lifeguard.owner import Owner
 
         data = json.loads(text)
-        if not isinstance(data, dict) or data.get("version") != VERSION:
+        if not isinstance(data, dict):
+            raise ValueError(f"unknown journal format (a JSON {type(data).__name__})")
+        if data.get("version") != VERSION:
             raise ValueError(f"unknown journal format (version {data.get('version')!r})")
         tags = data.get("tags", {})
         if not isinstance(tags, dict) or not all(isinstance(v, str) for v in tags.values()):

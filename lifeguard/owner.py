@@ -297,10 +297,14 @@ class Owner:
         """The owner recorded in a run's tags, or None if the run has no (valid) owner tags.
         Boot id, PID namespace and start ticks are None when absent (runs tagged by older
         versions) or malformed."""
+        pid = _whole(tags.get(TAG_PID), 1, PID_LIMIT)
         try:
-            owner = cls(tags[TAG_HOST], int(tags[TAG_PID]), float(tags[TAG_START]))
+            start = float(tags[TAG_START])
         except (KeyError, ValueError):
             return None
+        if pid is None or TAG_HOST not in tags or not abs(start) < float("inf"):
+            return None
+        owner = cls(tags[TAG_HOST], pid, start)
         owner.boot_id = tags.get(TAG_BOOT) or None
         owner.pid_ns = tags.get(TAG_PIDNS) or None
         owner.start_ticks = _ticks(tags.get(TAG_TICKS))
@@ -397,11 +401,22 @@ class Owner:
 
 
 def _ticks(text: str | None) -> int | None:
-    try:
-        value = int(text) if text else None
-    except ValueError:
+    return _whole(text, 0, 2**63 - 1)
+
+
+# Linux's largest pid (PID_MAX_LIMIT, the most /proc/sys/kernel/pid_max can be set to).
+PID_LIMIT = 4 * 1024 * 1024
+
+
+def _whole(text: str | None, low: int, high: int) -> int | None:
+    """The whole number ``text`` spells in ASCII digits, if it is within [low, high]; else None.
+    A tag anyone may write: int() alone takes other scripts' digits ("١٢٣" is 123, another
+    process) and numbers no system call takes (a pid of 2**31 raised OverflowError in kill(),
+    and stopped the whole sweep)."""
+    if not text or len(text) > 20 or not (text.isascii() and text.lstrip("-").isdigit()):
         return None
-    return value if value is not None and value >= 0 else None
+    value = int(text)
+    return value if low <= value <= high else None
 
 
 def _alive_in_nested_namespace(owner: Owner) -> bool | None:

@@ -93,6 +93,8 @@ DEFAULT_STALE_AFTER = 180.0
 LEGACY_PATIENCE = 900.0
 # The longest interval a run's tag is believed: the heartbeat option's own maximum.
 MAX_INTERVAL = 3600.0
+# The latest time (ms since the epoch) a heartbeat tag is believed to hold.
+MAX_TIME_MS = 100_000_000_000_000
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 # Ten years: beyond it a duration is a typo, and far beyond it float arithmetic stops meaning
@@ -208,10 +210,14 @@ class RunFacts:
         self.status = status
 
     def heartbeat(self) -> int | None:
-        try:
-            return int(self.tags[TAG_HEARTBEAT])
-        except (KeyError, ValueError):
+        """The last heartbeat's time (ms since the epoch, the writer's clock), if the tag holds
+        one: a time from 1970 to the year 5138 (a tag of 30 nines stopped the whole sweep with
+        an OverflowError)."""
+        text = self.tags.get(TAG_HEARTBEAT)
+        if not text or len(text) > 20 or not (text.isascii() and text.isdigit()):
             return None
+        value = int(text)
+        return value if value <= MAX_TIME_MS else None
 
     def heartbeat_interval(self) -> float | None:
         """Seconds between this run's heartbeats as its owner recorded them (0: heartbeats
@@ -442,7 +448,12 @@ class Sightings:
             servers = data["servers"]
             if not isinstance(servers, dict):
                 raise ValueError("unknown format")
-            self._data = servers
+            # A server's sightings in any other shape (a list, a string) are forgotten: its runs
+            # are watched afresh, as after any damage; the other servers' stand.
+            self._data = {uri: seen for uri, seen in servers.items() if isinstance(seen, dict)}
+            if self.server in servers and self.server not in self._data:
+                shape = type(servers[self.server]).__name__
+                raise ValueError(f"holds a {shape} where this server's sightings should be")
         except FileNotFoundError:
             pass
         except (Untrusted, OSError, ValueError, KeyError) as exc:
@@ -477,7 +488,7 @@ class Sightings:
         up, boot, wall = prev.get("up"), prev.get("boot"), prev.get("wall")
         if boot == self.boot_id and isinstance(up, float) and self.up is not None:
             return max(0.0, self.up - up)
-        if isinstance(wall, int):
+        if isinstance(wall, int) and 0 <= wall <= MAX_TIME_MS:
             return max(0.0, (self.wall_ms - wall) / 1000)
         return 0.0
 

@@ -78,6 +78,7 @@ def test_round_trip_keeps_the_true_end_time(tmp_path: Path) -> None:
     [
         ("{not json", "Expecting property name"),
         ('{"version": 99}', "unknown journal format"),
+        ("[]", "unknown journal format (a JSON list)"),
         ('{"version": 1, "run_id": "x", "tracking_uri": "u", "status": "RUNNING", '
          '"end_time": 1, "tags": {}}', "not a terminal status"),
         ('{"version": 1, "run_id": "x", "tracking_uri": "u", "status": "FAILED", '

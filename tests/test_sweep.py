@@ -476,3 +476,97 @@ def test_sightings_in_a_directory_not_ours_count_for_nothing(tmp_path: Path) -> 
     journal.chmod(0o777)
     planted = Sightings(str(journal), "http://h").load()
     assert planted.untrusted and planted.quiet_for(run) == 0.0
+
+
+# -- tags and state that anyone may have damaged ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "pid", ["2147483648", "9" * 30, "-1", "0", "\u0661\u0662\u0663", "", "4194305", " 12"]
+)
+def test_a_pid_tag_no_system_call_takes_is_no_owner(pid: str) -> None:
+    """A pid of 2**31 raised OverflowError in kill() and stopped the whole sweep; "١٢٣" was read
+    as pid 123, another process; -1 and 0 name process groups. None of them is an owner."""
+    from lifeguard.owner import Owner
+
+    tags = owner_tags("far", 1, 1.0, 1_000)
+    tags["lifeguard.owner.pid"] = pid
+    assert Owner.from_tags(tags) is None
+    decision = decide(facts(tags), now_ms=HOUR_MS, stale_after=1, quiet_for=86400)
+    assert decision.verdict == "skip", decision
+
+
+@pytest.mark.parametrize("start", ["nan", "1e999", "-inf"])
+def test_a_start_time_that_is_no_time_is_no_owner(start: str) -> None:
+    from lifeguard.owner import Owner
+
+    tags = {**owner_tags("far", 1, 1.0, 1_000), "lifeguard.owner.start_time": start}
+    assert Owner.from_tags(tags) is None
+
+
+@pytest.mark.parametrize("beat", ["9" * 400, "9" * 30, "-5", "1e3", "\u0661"])
+def test_a_heartbeat_tag_of_any_size_is_judged_never_raised(beat: str) -> None:
+    """400 nines stopped the whole sweep (OverflowError dividing the age); now it is no
+    heartbeat, and the run is judged by its other times."""
+    tags = {"lifeguard.heartbeat": beat}
+    decision = decide(facts(tags), now_ms=HOUR_MS, stale_after=1, quiet_for=86400,
+                      include_untagged=True, older_than=60)  # fmt: skip
+    assert decision.verdict == END and decision.end_time == 1_000, decision
+
+
+@pytest.mark.parametrize("shape", [[], "x", 7, None])
+def test_sweep_state_damaged_for_one_server_is_forgotten_for_it_alone(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, shape: object
+) -> None:
+    from lifeguard.sweep import Sightings
+
+    tmp_path.chmod(0o700)
+    state = tmp_path / "sweep.state"
+    other = {"r2": {"sign": "s", "wall": 1, "exp": "0"}}
+    state.write_text(json.dumps({"version": 1, "servers": {"here": shape, "there": other}}))
+    state.chmod(0o600)
+    sightings = Sightings(str(tmp_path), "here").load()
+    assert sightings.quiet_for(facts({})) == 0.0
+    assert "watching every run afresh" in caplog.text
+    assert Sightings(str(tmp_path), "there").load()._data["there"] == other
+
+
+def test_a_store_that_cannot_be_opened_is_one_line(tmp_path: Path) -> None:
+    """A file that is no database (or a driver not installed): exit 1 with one line naming the
+    store, and valid JSON with --json, never a traceback."""
+    bogus = tmp_path / "notes.db"
+    bogus.write_text("not a database " * 100)
+    uri = f"sqlite:///{bogus}"
+    done = lifeguard_cli("sweep", "--tracking-uri", uri, "--journal-dir", str(tmp_path / "j"))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr and f"cannot open {uri}" in done.stderr, done.stderr
+    done = lifeguard_cli("sweep", "--tracking-uri", uri, "--json",
+                         "--journal-dir", str(tmp_path / "j"))  # fmt: skip
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "cannot open" in json.loads(done.stdout)["error"]
+
+
+@pytest.mark.parametrize("where", ["sqlite", "rest"])
+def test_a_run_its_owner_ended_meanwhile_keeps_its_status(
+    where: str, store: Store, mlflow_server: MlflowServer
+) -> None:
+    """The sweep read the run RUNNING and judged it lost; its owner, alive after all, ended it
+    FINISHED before the sweep wrote. The owner's status stands, without the sweep's tags."""
+    from lifeguard.backends.mlflow.sweep import _end
+    from lifeguard.sweep import Decision
+
+    client = store.client if where == "sqlite" else MlflowClient(mlflow_server.uri)
+    run = client.create_run(client.create_experiment(f"meanwhile-{time.time_ns()}"))
+    run_id = run.info.run_id
+    judged = Decision(facts({}), END, "owner lost", end_time=run.info.start_time)
+    judged.run_id = run_id
+    client.set_terminated(run_id, "FINISHED")
+    assert _end(client, judged) == (False, None)
+    after = client.get_run(run_id)
+    assert after.info.status == "FINISHED"
+    assert "lifeguard.ended_by" not in after.data.tags
+    running = client.create_run(run.info.experiment_id).info.run_id
+    judged.run_id = running
+    assert _end(client, judged) == (True, None)
+    assert client.get_run(running).info.status == "KILLED"
+    assert client.get_run(running).data.tags["lifeguard.ended_by"] == "sweep"

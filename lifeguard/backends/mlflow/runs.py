@@ -139,12 +139,12 @@ def apply(client: MlflowClient, entry: Entry, *, journal: Journal | None, write_
         # Never overwrite a run somebody already ended (the user, another guardian).
         ended = sql.end(client, entry, seconds=_lock_wait(time_left()))
         if ended is None:  # not a SQL store: the client's calls
-            ended = _still_running(client, entry.run_id)
+            ended = still_running(client, entry.run_id)
             if ended:
                 # The status first: a deadline that falls between the two writes must not
                 # leave a RUNNING run that already says "killed" (the SQL path does both in
                 # one transaction).
-                _set_terminated(client, entry)
+                set_terminated(client, entry)
                 _reason_tags(client, entry)
         result = ENDED if ended else ALREADY_ENDED
     except Exception as exc:  # noqa: BLE001 - any failure to reach the store means: keep it
@@ -173,7 +173,7 @@ def _lock_wait(left: float | None) -> float | None:
     return None if left is None else max(0.0, left - LOCK_WAIT_MARGIN)
 
 
-def _still_running(client: MlflowClient, run_id: str) -> bool:
+def still_running(client: MlflowClient, run_id: str) -> bool:
     """Whether the run is still RUNNING and not deleted (stores other than MLflow's SQL ones):
     MLflow refuses any write to a deleted run, and an entry for one could never be written."""
     info = client.get_run(run_id).info
@@ -195,7 +195,7 @@ def _reason_tags(client: MlflowClient, entry: Entry) -> None:
         )
 
 
-def _set_terminated(client: MlflowClient, entry: Entry) -> None:
+def set_terminated(client: MlflowClient, entry: Entry) -> None:
     """``client.set_terminated`` without its two side trips: it first shuts MLflow's async
     logging down, waiting for the whole queue however long that takes (the finalizer gives that
     flush a bounded share of its own), and prints a "View run" link to stdout, whose lock the

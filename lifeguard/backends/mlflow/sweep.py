@@ -27,7 +27,7 @@ from lifeguard.backends.mlflow.runs import (
     environment,
     iter_running,
 )
-from lifeguard.journal import Journal
+from lifeguard.journal import Entry, Journal
 from lifeguard.names import TAG_ENDED_BY
 from lifeguard.redact import redact, redact_uri
 from lifeguard.sweep import (
@@ -116,7 +116,12 @@ def sweep(
     journal = Journal(journal_dir)
     shown_uri = redact_uri(tracking_uri)
     sightings = Sightings(journal.directory, tracking_uri).load()
-    client = MlflowClient(tracking_uri=tracking_uri)
+    try:
+        client = MlflowClient(tracking_uri=tracking_uri)
+    except Exception as exc:  # noqa: BLE001 - a driver missing, a file that is no database
+        raise SweepError(
+            redact(f"cannot open {shown_uri}: {type(exc).__name__}: {_first_line(exc)}")
+        ) from None
     with _bounded_retries(timeout):
         if not dry_run:
             from lifeguard.aside import Failures
@@ -170,13 +175,16 @@ def sweep(
         to_end = [d for d in report.decisions if d.verdict == END]
         if to_end and not dry_run:
             with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-                for decision, error in zip(
+                for decision, (ended, error) in zip(
                     to_end, pool.map(lambda d: _end(client, d), to_end), strict=True
                 ):
-                    if error is None:
+                    if error is not None:
+                        report.errors[decision.run_id] = error
+                    elif ended:
                         report.ended.append(decision.run_id)
                     else:
-                        report.errors[decision.run_id] = error
+                        decision.verdict = SKIP
+                        decision.reason = "ended by another meanwhile; that status stands"
     report.seconds = time.monotonic() - started
     return report
 
@@ -255,28 +263,45 @@ def _running(client: MlflowClient, experiment_ids: list[str]) -> Iterator[RunFac
         )
 
 
-def _end(client: MlflowClient, decision: Decision) -> str | None:
-    """End one orphan; returns an error message, or None."""
+def _end(client: MlflowClient, decision: Decision) -> tuple[bool, str | None]:
+    """End one orphan unless it is no longer RUNNING: (whether this ended it, an error message
+    or None). Its owner may have ended it since it was read (it was alive after all): that
+    status stands, never overwritten with the sweep's KILLED."""
+    from lifeguard.backends.mlflow import sql
+    from lifeguard.backends.mlflow.runs import set_terminated, still_running
+
+    assert decision.end_time is not None  # an END decision always has one
     tags = {
         TAG_ENDED_BY: "sweep",
         "lifeguard.outcome": "lost",
         "lifeguard.reason": f"swept: {decision.reason}",
     }
+    entry = Entry(decision.run_id, client.tracking_uri, STATUS, decision.end_time, tags)
     try:
+        # SQL stores: the check, the status and the tags in one transaction.
+        ended = sql.end(client, entry, seconds=None)
+        if ended is not None:
+            return ended, None
+        # Over REST: a read just before the write, the narrowest window MLflow's API allows.
+        if not still_running(client, decision.run_id):
+            return False, None
         # The status first: a sweep cut short between the two writes must not leave a RUNNING
         # run that already says "swept".
-        client.set_terminated(decision.run_id, STATUS, end_time=decision.end_time)
+        set_terminated(client, entry)
     except Exception as exc:  # noqa: BLE001 - reported per run; the next sweep retries it
-        lines = str(exc).strip().splitlines()
-        return redact(f"{type(exc).__name__}: {lines[0] if lines else ''}")
+        return False, redact(f"{type(exc).__name__}: {_first_line(exc)}")
     try:
         client.log_batch(decision.run_id, tags=[RunTag(k, v) for k, v in tags.items()])
     except Exception as exc:  # noqa: BLE001 - the status is in; only the reason is missing
-        lines = str(exc).strip().splitlines()
         logger().warning(
             "run %s ended %s, but its reason tags could not be written: %s",
             decision.run_id,
             STATUS,
-            redact(f"{type(exc).__name__}: {lines[0] if lines else ''}"),
+            redact(f"{type(exc).__name__}: {_first_line(exc)}"),
         )
-    return None
+    return True, None
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else ""
