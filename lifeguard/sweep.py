@@ -210,14 +210,14 @@ class RunFacts:
         self.status = status
 
     def heartbeat(self) -> int | None:
-        """The last heartbeat's time (ms since the epoch, the writer's clock), if the tag holds
-        one: a time from 1970 to the year 5138 (a tag of 30 nines stopped the whole sweep with
-        an OverflowError)."""
+        """The last heartbeat's time (ms since the epoch, the writer's clock, however wrong),
+        if the tag holds one within MAX_TIME_MS of 1970 (a tag of 30 nines stopped the whole
+        sweep with an OverflowError)."""
         text = self.tags.get(TAG_HEARTBEAT)
-        if not text or len(text) > 20 or not (text.isascii() and text.isdigit()):
+        if not text or len(text) > 20 or not (text.isascii() and text.lstrip("-").isdigit()):
             return None
         value = int(text)
-        return value if value <= MAX_TIME_MS else None
+        return value if abs(value) <= MAX_TIME_MS else None
 
     def heartbeat_interval(self) -> float | None:
         """Seconds between this run's heartbeats as its owner recorded them (0: heartbeats
