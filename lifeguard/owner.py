@@ -51,6 +51,7 @@ __all__ = [
     "Owner",
     "own_start_time",
     "process_start_time",
+    "time_namespace_ticks",
 ]
 
 TAG_HOST = "lifeguard.owner.host"
@@ -84,9 +85,40 @@ def start_ticks(pid: int | str) -> int | None:
     """Clock ticks from boot to the start of ``pid`` (or ``"self"``), as the kernel keeps them
     (field 22 of stat(5)); None when that cannot be read, for whatever reason."""
     try:
-        return int(_stat_fields(pid)[19])
+        return _start_tick(_stat_fields(pid))
     except (OSError, ValueError, IndexError):
         return None
+
+
+def _start_tick(fields: list[bytes]) -> int:
+    """The start tick in ``fields`` (:func:`_stat_fields`), counted from the machine's boot
+    whatever time namespace this process reads it from."""
+    return int(fields[19]) - time_namespace_ticks()
+
+
+# (pid, ticks): the boot-time offset of the time namespace this process is in (see below).
+_TIME_NAMESPACE: tuple[int, int] | None = None
+
+
+def time_namespace_ticks() -> int:
+    """The boot-time offset of this process's time namespace, in clock ticks (0 outside one).
+    The kernel shows a start tick shifted by the *reader's* offset (``unshare --time
+    --boottime``): a sweep run in such a namespace read every live owner as started at another
+    tick, proven gone, and ended its run. Subtracted, every reader counts from the boot."""
+    global _TIME_NAMESPACE
+    pid = os.getpid()
+    if _TIME_NAMESPACE is None or _TIME_NAMESPACE[0] != pid:
+        nanoseconds = 0
+        try:
+            with open("/proc/self/timens_offsets", "rb") as f:
+                for line in f:
+                    name, seconds, nanos = line.split()
+                    if name == b"boottime":
+                        nanoseconds = int(seconds) * 1_000_000_000 + int(nanos)
+        except (OSError, ValueError):  # before Linux 5.6, or not Linux: no time namespaces
+            nanoseconds = 0
+        _TIME_NAMESPACE = (pid, nanoseconds * os.sysconf("SC_CLK_TCK") // 1_000_000_000)
+    return _TIME_NAMESPACE[1]
 
 
 def process_start_time(pid: int | str) -> float | None:
@@ -210,7 +242,7 @@ def pid_liveness(pid: int, ticks: int) -> bool | None:
     belongs to a process that started at another tick, which can only come after the owner's
     end), None (cannot tell: hidden, or not ours to read)."""
     try:
-        now = int(_stat_fields(pid)[19])
+        now = _start_tick(_stat_fields(pid))
     except FileNotFoundError:
         # No entry: gone, or hidden from us (hidepid). The kernel itself tells the two apart.
         try:
@@ -462,7 +494,7 @@ def _alive_in_nested_namespace(owner: Owner) -> bool | None:
             seen = True
             if nspids[-1] != owner.pid:
                 continue
-            ticks = int(_stat_fields(name)[19])
+            ticks = _start_tick(_stat_fields(name))
         except FileNotFoundError:  # gone meanwhile
             continue
         except (OSError, ValueError, IndexError):  # not ours to look at

@@ -44,7 +44,7 @@ import time
 
 from lifeguard._log import logger
 from lifeguard.names import TAG_HEARTBEAT, TAG_HEARTBEAT_INTERVAL, TAG_RESUMED_END
-from lifeguard.owner import Owner
+from lifeguard.owner import Owner, time_namespace_ticks
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -398,6 +398,13 @@ STATE_VERSION = 1
 MAX_STATE_BYTES = 16 * 1024 * 1024  # ~100k runs
 
 
+def _clock_identity(boot_id: str | None) -> str | None:
+    """What CLOCK_BOOTTIME readings must share to be compared: the boot, and the boot-time
+    offset of the time namespace (``unshare --time``), which shifts every reading by it."""
+    offset = time_namespace_ticks()
+    return boot_id if boot_id is None or not offset else f"{boot_id}+{offset}"
+
+
 def _uptime() -> float | None:
     clock = getattr(time, "CLOCK_BOOTTIME", None)
     return time.clock_gettime(clock) if clock is not None else None
@@ -414,7 +421,8 @@ class Sightings:
         self.directory = directory
         self.path = os.path.join(directory, STATE_NAME)
         self.server = redact_uri(server)
-        self.boot_id = Owner.current().boot_id
+        # CLOCK_BOOTTIME is comparable only within one boot and one time namespace offset.
+        self.boot_id = _clock_identity(Owner.current().boot_id)
         # When this sweep began reading the server: the "now" every age is measured to. A sign
         # first seen in this sweep is stamped when the reading ended (finished_reading), so an
         # age is never longer than the run was really seen unchanged: from the end of the read

@@ -499,3 +499,64 @@ def test_sweep_every_ends_a_lost_run_and_stops_cleanly(
         assert live.finish() == 0
     assert status(client, live.run_id) == "FINISHED"
     assert client.get_run(lost.run_id).data.tags["lifeguard.ended_by"] == "sweep"
+
+
+# -- a sweep in a time namespace ---------------------------------------------------------------
+
+
+def in_a_time_namespace(code: str) -> str:
+    """``code``'s output, run by a sweeper's Python in a time namespace whose boot time is a day
+    ahead (``unshare --time --boottime 86400``)."""
+    unshare = shutil.which("unshare")
+    if unshare is None or os.geteuid() != 0:
+        must_run_here("needs root and unshare(1) for a time namespace")
+    assert unshare is not None
+    done = subprocess.run(
+        [unshare, "--time", "--boottime", "86400", sys.executable, "-c", code],
+        capture_output=True, text=True, timeout=CHILD_TIMEOUT, check=False,
+    )  # fmt: skip
+    if done.returncode != 0 and "unshare" in done.stderr:
+        must_run_here(f"cannot make a time namespace here: {done.stderr.strip()}")
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_a_sweep_in_a_time_namespace_sees_a_live_owner_alive() -> None:
+    """The kernel shows start ticks shifted by the reader's boot-time offset: read from a time
+    namespace, every live owner started "at another tick", proven gone (helper-14's attack
+    ended a live run that way within seconds)."""
+    from lifeguard.owner import Owner
+
+    with subprocess.Popen(["cat"], stdin=subprocess.PIPE) as live:
+        owner = Owner.of_pid(live.pid)
+        assert owner is not None and owner.start_ticks is not None
+        code = (
+            "from lifeguard.owner import Owner, pid_liveness\n"
+            f"print(pid_liveness({live.pid}, {owner.start_ticks}),"
+            f" Owner.of_pid({live.pid}).start_ticks)"
+        )
+        assert in_a_time_namespace(code).split() == ["True", str(owner.start_ticks)]
+        live.stdin.close()  # type: ignore[union-attr]
+
+
+def test_a_sweep_in_a_time_namespace_ages_nothing(tmp_path: Path) -> None:
+    """A run first seen by a sweep outside, seen again by one in a time namespace a day ahead:
+    unchanged for the seconds between them, not for a day (CLOCK_BOOTTIME differs by the
+    offset; the wall clock is the one both share)."""
+    from lifeguard.sweep import RunFacts, Sightings
+
+    directory = tmp_path / "state"
+    directory.mkdir(mode=0o700)
+    facts = RunFacts("r" * 32, "0", 1_000, {"lifeguard.heartbeat": "5"})
+    first = Sightings(str(directory), "http://server").load()
+    first.finished_reading()
+    assert first.quiet_for(facts) == 0.0
+    first.save(["0"])
+    code = (
+        "from lifeguard.sweep import RunFacts, Sightings\n"
+        f"s = Sightings({str(directory)!r}, 'http://server').load()\n"
+        "s.finished_reading()\n"
+        f"print(s.quiet_for(RunFacts({'r' * 32!r}, '0', 1_000, {{'lifeguard.heartbeat': '5'}})))"
+    )
+    quiet = float(in_a_time_namespace(code))
+    assert 0.0 <= quiet < 3600, quiet
