@@ -326,7 +326,7 @@ def _sweep(args: argparse.Namespace, compact: bool = False) -> int:
     if problem is not None:
         return refuse(f"--tracking-uri {shown_uri!r}: {problem}")
     try:
-        from lifeguard.backends.mlflow.sweep import SweepError, sweep
+        from lifeguard.backends.mlflow.sweep import NoSuchExperiment, SweepError, sweep
     except ImportError:
         return refuse("needs MLflow: pip install mlflow")
     _log_to_stderr()
@@ -343,7 +343,7 @@ def _sweep(args: argparse.Namespace, compact: bool = False) -> int:
             journal_dir=args.journal_dir,
         )
     except SweepError as exc:
-        return refuse(str(exc), code=1)
+        return refuse(str(exc), code=2 if isinstance(exc, NoSuchExperiment) else 1)
     # Each count says what happened, no more (replay_journal): "did not accept" only for
     # statuses sent and failed.
     refused_by_server = report.journal.get("journaled", 0)

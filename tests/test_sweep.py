@@ -570,3 +570,12 @@ def test_a_run_its_owner_ended_meanwhile_keeps_its_status(
     assert _end(client, judged) == (True, None)
     assert client.get_run(running).info.status == "KILLED"
     assert client.get_run(running).data.tags["lifeguard.ended_by"] == "sweep"
+
+
+def test_an_experiment_the_server_does_not_have_is_a_usage_error(store: Store) -> None:
+    done = lifeguard_cli("sweep", "--tracking-uri", store.uri, "--experiment", "no-such-exp",
+                         env=child_env(store))  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "lifeguard sweep: --experiment 'no-such-exp': no experiment of that name or id"
+    )

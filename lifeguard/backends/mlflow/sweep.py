@@ -55,6 +55,11 @@ class SweepError(RuntimeError):
     """The server could not be read at all: nothing was decided."""
 
 
+class NoSuchExperiment(SweepError):
+    """An ``--experiment`` the server does not have: a usage error (exit 2), which the next sweep
+    of a service would repeat."""
+
+
 class SweepReport:
     def __init__(self) -> None:
         self.decisions: list[Decision] = []
@@ -243,7 +248,9 @@ def _experiment_ids(client: MlflowClient, wanted: Sequence[str]) -> list[str]:
             try:
                 experiment = client.get_experiment(name_or_id)
             except MlflowException:
-                raise SweepError(f"no experiment named or numbered {name_or_id!r}") from None
+                raise NoSuchExperiment(
+                    f"--experiment {name_or_id!r}: no experiment of that name or id"
+                ) from None
         ids.append(experiment.experiment_id)
     return ids
 
