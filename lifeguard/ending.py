@@ -8,7 +8,9 @@ event is how the process ends only if nothing carried on after it:
   with an exception only if it left that top level. A ``KeyboardInterrupt`` or ``SystemExit``
   the program caught, argparse's exit caught in ``main()``, an exit 0 a wrapper swallowed, an
   error C code printed and survived: after each, a frame ran on and returned, and the
-  program's ending is its own. Which is checked at exit, when every frame is done: a frame's
+  program's ending is its own. Unless every frame under the one that returned ended by an
+  exception no hook saw: that was the exit passed on (trio raises a task's SystemExit again
+  from ``trio.run``; a runner returns the code to a ``sys.exit`` bound before install()). Which is checked at exit, when every frame is done: a frame's
   last instruction is a return, or it is not (one that an exception left stops at the call or
   raise it came through). The top level that caught an exit and then ended with a ``raise
   SystemExit(...)`` of its own (which no hook sees) stops at that raise instead.
@@ -88,12 +90,19 @@ class Event:
         """At exit: whether this event is how the program ended."""
         if self.exception is None:  # an exit call
             bottom = self.frames[-1] if self.frames else None
-            return (
-                bottom is not None
-                and at_top_level(bottom)
-                and not any(_returned(frame) for frame in self.frames)
-                and not _raised_anew(bottom, self.at[-1])
-            )
+            if bottom is None or not at_top_level(bottom) or _raised_anew(bottom, self.at[-1]):
+                return False
+            returned = [_returned(frame) for frame in self.frames]
+            if not any(returned):
+                return True
+            # A frame caught it and returned. Carried on from, if a frame under that one
+            # returned too (the top level at least). If instead every frame under it ended by
+            # an exception that no hook saw (a SystemExit: any other goes to the excepthook,
+            # and a later event wins), that exception was this exit passed on: trio keeps a
+            # task's SystemExit and raises it again from trio.run; a runner returns the code to
+            # a `sys.exit(main())` bound before install().
+            catcher = max(i for i, done in enumerate(returned) if done)
+            return catcher < len(returned) - 1 and not any(returned[catcher + 1 :])
         outermost = self.frames[0] if self.frames else None
         if _shown_by_the_repl(outermost):
             return False

@@ -325,6 +325,42 @@ def test_under_coverage_the_run_records_the_exit_code_the_process_exits_with(
     assert run.data.tags["lifeguard.exit_code"] == str(code)
 
 
+IN_A_TRIO_TASK = """
+import sys
+{install}
+import mlflow, trio
+
+async def main():
+    run = mlflow.start_run()
+    print("RUN", run.info.run_id, flush=True)
+    await trio.sleep(0)
+    sys.exit(4)
+
+trio.run(main)
+"""
+
+
+def test_an_exit_in_a_trio_task_is_the_ending(store: Store, tmp_path: Path) -> None:
+    """trio catches the task's SystemExit, its frame returns, and trio.run raises it again
+    into the program's top level: the process exits 4. Seen: FINISHED, "exit code 0" (the
+    exit taken for caught and carried on from)."""
+    results = {}
+    for on in (False, True):
+        program = write(tmp_path / f"trio-{on}.py", IN_A_TRIO_TASK, on)
+        results[on] = subprocess.run(
+            [sys.executable, str(program)],
+            env=child_env(store),
+            capture_output=True,
+            text=True,
+            timeout=CHILD_TIMEOUT,
+        )
+    assert results[True].returncode == results[False].returncode == 4, results[True].stderr
+    assert results[True].stderr == results[False].stderr
+    run = store.run(run_id_in(results[True].stdout))
+    assert run.info.status == "FAILED", run.data.tags
+    assert run.data.tags["lifeguard.exit_code"] == "4"
+
+
 CONSOLE_SCRIPT = """
 import sys
 from cli import main
