@@ -10,10 +10,11 @@ event is how the process ends only if nothing carried on after it:
   error C code printed and survived: after each, a frame ran on and returned, and the
   program's ending is its own. Unless every frame under the one that returned ended by an
   exception no hook saw: that was the exit passed on (trio raises a task's SystemExit again
-  from ``trio.run``; a runner returns the code to a ``sys.exit`` bound before install()). Which is checked at exit, when every frame is done: a frame's
-  last instruction is a return, or it is not (one that an exception left stops at the call or
-  raise it came through). The top level that caught an exit and then ended with a ``raise
-  SystemExit(...)`` of its own (which no hook sees) stops at that raise instead.
+  from ``trio.run``; a runner returns the code to a ``sys.exit`` bound before install()).
+  Which is checked at exit, when every frame is done: a frame's last instruction is a return,
+  or it is not (one that an exception left stops at the call or raise it came through). The
+  top level that caught an exit and then ended with a ``raise SystemExit(...)`` of its own
+  (which no hook sees) stops at that raise instead.
 - **An interactive session** shows an error or an interrupt and carries on: none of them is how
   it ends. It ends cleanly (Ctrl-D, ``exit()``, a kernel's shutdown) unless ``exit(n)`` says
   otherwise. IPython, a Jupyter kernel and ``code.interact`` run each cell or statement from

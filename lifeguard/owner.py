@@ -381,11 +381,17 @@ class Owner:
         boot, ns, ticks = data.get("boot_id"), data.get("pid_ns"), data.get("start_ticks")
         if not isinstance(host, str) or not isinstance(pid, int) or isinstance(pid, bool):
             return None
+        if not 1 <= pid <= PID_LIMIT:  # -1 and 0 name process groups; 2**31 no process at all
+            return None
         if not isinstance(start, (int, float)) or isinstance(start, bool):
+            return None
+        if not abs(start) < float("inf"):
             return None
         if not all(value is None or isinstance(value, str) for value in (boot, ns)):
             return None
-        if ticks is not None and (not isinstance(ticks, int) or isinstance(ticks, bool)):
+        if ticks is not None and (
+            not isinstance(ticks, int) or isinstance(ticks, bool) or not 0 <= ticks < 2**63
+        ):
             return None
         return cls(host, pid, float(start), boot or None, ns or None, ticks)
 

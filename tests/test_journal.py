@@ -557,3 +557,21 @@ def test_a_status_killed_between_its_write_and_rename_is_still_written(store: St
     assert run.data.tags["lifeguard.exit_code"] == "3"
     assert run.info.end_time is not None
     assert not any(p.name.endswith((".json", ".tmp")) for p in journal.iterdir())
+
+
+@pytest.mark.parametrize("pid", [2**31, -1, 0, 10**30])
+def test_a_writer_no_system_call_can_check_is_unknown_not_fatal(tmp_path: Path, pid: int) -> None:
+    """A damaged entry's writer pid (2**31: OverflowError in kill(); -1 and 0: process groups,
+    "alive" for ever) is no writer: the entry is a status to land, its writer unknown."""
+    import json
+
+    journal = Journal(str(tmp_path))
+    journal.ensure()
+    damaged = json.loads(entry("4" * 32).to_json())
+    damaged["pid"] = damaged["writer"]["pid"] = pid
+    path = tmp_path / ("4" * 32 + ".json")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as file:
+        file.write(json.dumps(damaged))
+    [read] = list(journal.entries())
+    assert read.writer is None and read.writer_alive() is None
