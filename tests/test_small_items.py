@@ -64,14 +64,14 @@ def _end_by_sweep(uri: str, run_id: str, journal: Journal) -> str:
     saved = {k: os.environ.get(k) for k in with_retries}
     os.environ.update(with_retries)
     try:
-        error = _end(MlflowClient(tracking_uri=uri), decision)
+        ended, error = _end(MlflowClient(tracking_uri=uri), decision)
     finally:
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    return "ended" if error is None else "failed"
+    return "ended" if ended and error is None else "failed"
 
 
 @pytest.mark.slow
