@@ -375,23 +375,28 @@ class Journal:
             except FileNotFoundError:
                 return
         for name in names:
-            if not name.endswith(SUFFIX):
-                continue
-            path = os.path.join(self.directory, name)
-            try:
-                text = read_private(path).decode("utf-8")
-                entry = Entry.from_json(text, path)
-                if entry.run_id + SUFFIX != name:
-                    raise ValueError(f"holds run {entry.run_id!r}, not the run its name says")
-            except FileNotFoundError:
-                continue  # replayed by another process meanwhile
-            except Untrusted as exc:
-                self._refuse_file(path, str(exc))
-                continue
-            except (OSError, ValueError, UnicodeDecodeError) as exc:
-                self.set_aside(path, exc)
-                continue
-            yield entry
+            if name.endswith(SUFFIX):
+                entry = self._entry_at(os.path.join(self.directory, name), name[: -len(SUFFIX)])
+                if entry is not None:
+                    yield entry
+
+    def _entry_at(self, path: str, run_id: str) -> Entry | None:
+        """The entry in ``path``, which must be ``run_id``'s; None if it is gone (replayed by
+        another process meanwhile), refused (not the user's private file) or corrupt (set
+        aside), each said in one line."""
+        try:
+            entry = Entry.from_json(read_private(path).decode("utf-8"), path)
+            if entry.run_id != run_id:
+                raise ValueError(f"holds run {entry.run_id!r}, not the run its name says")
+        except FileNotFoundError:
+            return None
+        except Untrusted as exc:
+            self._refuse_file(path, str(exc))
+            return None
+        except (OSError, ValueError, UnicodeDecodeError) as exc:
+            self.set_aside(path, exc)
+            return None
+        return entry
 
     def _put_in_place(self, names: list[str]) -> set[str]:
         """``names``, with the entries their writers wrote but died before renaming into place
@@ -406,23 +411,21 @@ class Journal:
                 continue
             temporary = os.path.join(self.directory, name)
             try:
-                written = self._abandoned(temporary, run_id)
+                written = os.lstat(temporary)
             except FileNotFoundError:
                 continue  # renamed by its writer, or by another replay, meanwhile
-            except Untrusted as exc:
-                self._refuse_file(temporary, str(exc))
-                continue
-            except (OSError, ValueError, UnicodeDecodeError) as exc:
-                self.set_aside(temporary, exc)
-                continue
-            if written is None:
+            age = time.time() - written.st_mtime
+            if written.st_size == 0 and age < ABANDONED_AFTER:
+                continue  # its writer may be about to write it
+            entry = self._entry_at(temporary, run_id)
+            if entry is None or not _abandoned(entry, age):
                 continue
             path = self._path(run_id)
             with Claim(path, CLAIM_WAIT) as claim:
                 if claim.state == BUSY:
                     continue  # a replay is writing the run's entry now: see it next time
                 try:
-                    if claim.state == HELD and os.lstat(path).st_mtime > written:
+                    if claim.state == HELD and os.lstat(path).st_mtime > written.st_mtime:
                         os.unlink(temporary)  # a later entry for the run stands
                     else:
                         os.replace(temporary, path)
@@ -436,25 +439,6 @@ class Journal:
                     continue
             listed.add(run_id + SUFFIX)
         return listed
-
-    def _abandoned(self, temporary: str, run_id: str) -> float | None:
-        """When ``temporary`` was written, if its writer died without renaming it into place;
-        else None. Raises Untrusted, OSError or ValueError, as reading an entry does."""
-        data = read_private(temporary)
-        age = time.time() - os.lstat(temporary).st_mtime
-        if not data and age < ABANDONED_AFTER:
-            return None  # its writer may be about to write it
-        entry = Entry.from_json(data.decode("utf-8"), temporary)
-        if entry.run_id != run_id:
-            raise ValueError(f"holds run {entry.run_id!r}, not the run its name says")
-        from lifeguard.owner import Owner
-
-        if entry.writer is not None and entry.writer.same_process(Owner.current()):
-            return None  # this process's own write, in another thread: alive, by definition
-        alive = entry.writer_alive()
-        if alive or (alive is None and age < ABANDONED_AFTER):
-            return None
-        return time.time() - age
 
     def keep(self, entry: Entry) -> bool:
         """Write ``entry``; whether it was written. A journal that cannot take it (a full disk, a
@@ -495,6 +479,17 @@ class Journal:
             os.replace(path, aside)
         except OSError as exc:
             logger().error("could not set %s aside: %s", path, exc)
+
+
+def _abandoned(entry: Entry, age: float) -> bool:
+    """Whether the writer of an unfinished ``entry``, written ``age`` seconds ago, died without
+    renaming it into place."""
+    from lifeguard.owner import Owner
+
+    if entry.writer is not None and entry.writer.same_process(Owner.current()):
+        return False  # this process's own write, in another thread: alive, by definition
+    alive = entry.writer_alive()
+    return not alive and (alive is not None or age >= ABANDONED_AFTER)
 
 
 def _is_run_id(name: str) -> bool:

@@ -149,8 +149,8 @@ def apply(client: MlflowClient, entry: Entry, *, journal: Journal | None, write_
         result = ENDED if ended else ALREADY_ENDED
     except Exception as exc:  # noqa: BLE001 - any failure to reach the store means: keep it
         if no_such_run(exc):  # the store answered: this entry's problem, not the store's
-            return run_missing(journal, entry, client.tracking_uri, _first_line(exc))
-        return after_failed_write(journal, entry, client.tracking_uri, _first_line(exc))
+            return run_missing(journal, entry, client.tracking_uri, first_line(exc))
+        return after_failed_write(journal, entry, client.tracking_uri, first_line(exc))
     if journal is not None and entry.path is not None:
         journal.remove(entry)
     return result
@@ -191,7 +191,7 @@ def _reason_tags(client: MlflowClient, entry: Entry) -> None:
             entry.run_id,
             entry.status,
             redact_uri(client.tracking_uri),
-            _first_line(exc),
+            first_line(exc),
         )
 
 
@@ -277,14 +277,12 @@ def replay_journal(
                 resumed = _resumed_since(client, entry)
             except Exception as exc:  # noqa: BLE001 - the server failed a read: keep the entry
                 if no_such_run(exc):  # it answered: this entry's problem, not the server's
-                    result = run_missing(journal, entry, entry.tracking_uri, _first_line(exc))
+                    result = run_missing(journal, entry, entry.tracking_uri, first_line(exc))
                 else:
-                    result = after_failed_write(
-                        journal, entry, entry.tracking_uri, _first_line(exc)
-                    )
+                    result = after_failed_write(journal, entry, entry.tracking_uri, first_line(exc))
                     dead.add(uri)
                 counts[result] = counts.get(result, 0) + 1
-                failures.saw(entry, result, _first_line(exc))
+                failures.saw(entry, result, first_line(exc))
                 why = failures.due(entry, result)
                 if why is not None and failures.take_aside(entry, why):
                     counts[MOVED_ASIDE] += 1
@@ -409,6 +407,7 @@ def _ms(seconds: float) -> int:
     return int(seconds * 1000)
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """The error's type and the first line of its text: a server's answer can be a page."""
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"

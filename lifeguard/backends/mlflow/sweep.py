@@ -25,7 +25,10 @@ from lifeguard._log import logger
 from lifeguard.backends.mlflow.runs import (
     all_experiment_ids,
     environment,
+    first_line,
     iter_running,
+    set_terminated,
+    still_running,
 )
 from lifeguard.journal import Entry, Journal
 from lifeguard.names import TAG_ENDED_BY
@@ -124,9 +127,7 @@ def sweep(
     try:
         client = MlflowClient(tracking_uri=tracking_uri)
     except Exception as exc:  # noqa: BLE001 - a driver missing, a file that is no database
-        raise SweepError(
-            redact(f"cannot open {shown_uri}: {type(exc).__name__}: {_first_line(exc)}")
-        ) from None
+        raise SweepError(redact(f"cannot open {shown_uri}: {first_line(exc)}")) from None
     with _bounded_retries(timeout):
         if not dry_run:
             from lifeguard.aside import Failures
@@ -275,7 +276,6 @@ def _end(client: MlflowClient, decision: Decision) -> tuple[bool, str | None]:
     or None). Its owner may have ended it since it was read (it was alive after all): that
     status stands, never overwritten with the sweep's KILLED."""
     from lifeguard.backends.mlflow import sql
-    from lifeguard.backends.mlflow.runs import set_terminated, still_running
 
     assert decision.end_time is not None  # an END decision always has one
     tags = {
@@ -296,7 +296,7 @@ def _end(client: MlflowClient, decision: Decision) -> tuple[bool, str | None]:
         # run that already says "swept".
         set_terminated(client, entry)
     except Exception as exc:  # noqa: BLE001 - reported per run; the next sweep retries it
-        return False, redact(f"{type(exc).__name__}: {_first_line(exc)}")
+        return False, redact(first_line(exc))
     try:
         client.log_batch(decision.run_id, tags=[RunTag(k, v) for k, v in tags.items()])
     except Exception as exc:  # noqa: BLE001 - the status is in; only the reason is missing
@@ -304,11 +304,6 @@ def _end(client: MlflowClient, decision: Decision) -> tuple[bool, str | None]:
             "run %s ended %s, but its reason tags could not be written: %s",
             decision.run_id,
             STATUS,
-            redact(f"{type(exc).__name__}: {_first_line(exc)}"),
+            redact(first_line(exc)),
         )
     return True, None
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else ""
