@@ -45,6 +45,23 @@ def write(path: Path, code: str, lifeguard_on: bool) -> Path:
     return path
 
 
+def side_by_side(
+    store: Store, path: Path, code: str
+) -> dict[bool, subprocess.CompletedProcess[str]]:
+    """``code`` run as a script at ``path`` without lifeguard (False) and with it (True)."""
+    results = {}
+    for on in (False, True):
+        program = write(path, code, on)
+        results[on] = subprocess.run(
+            [sys.executable, str(program)],
+            env=child_env(store),
+            capture_output=True,
+            text=True,
+            timeout=CHILD_TIMEOUT,
+        )
+    return results
+
+
 # -- an interactive session started by PYTHONINSPECT -------------------------------------------
 
 
@@ -344,16 +361,7 @@ def test_an_exit_in_a_trio_task_is_the_ending(store: Store, tmp_path: Path) -> N
     """trio catches the task's SystemExit, its frame returns, and trio.run raises it again
     into the program's top level: the process exits 4. Seen: FINISHED, "exit code 0" (the
     exit taken for caught and carried on from)."""
-    results = {}
-    for on in (False, True):
-        program = write(tmp_path / f"trio-{on}.py", IN_A_TRIO_TASK, on)
-        results[on] = subprocess.run(
-            [sys.executable, str(program)],
-            env=child_env(store),
-            capture_output=True,
-            text=True,
-            timeout=CHILD_TIMEOUT,
-        )
+    results = side_by_side(store, tmp_path / "in_trio.py", IN_A_TRIO_TASK)
     assert results[True].returncode == results[False].returncode == 4, results[True].stderr
     assert results[True].stderr == results[False].stderr
     run = store.run(run_id_in(results[True].stdout))
@@ -441,16 +449,7 @@ def test_an_exit_caught_inside_main_is_forgotten_when_the_program_raises_systeme
     Here main() caught argparse's sys.exit(2) and returned 0, and the program ended with
     ``raise SystemExit(main())``, exit status 0. Seen: FAILED, "exit code 2" (the caught exit
     is taken for the ending, because the bottom frame did not end with a return)."""
-    results = {}
-    for on in (False, True):
-        program = write(tmp_path / "caught.py", CAUGHT_THEN_RAISE_SYSTEMEXIT, on)
-        results[on] = subprocess.run(
-            [sys.executable, str(program)],
-            env=child_env(store),
-            capture_output=True,
-            text=True,
-            timeout=CHILD_TIMEOUT,
-        )
+    results = side_by_side(store, tmp_path / "caught.py", CAUGHT_THEN_RAISE_SYSTEMEXIT)
     assert results[True].returncode == results[False].returncode == 0, results[True].stderr
     assert results[True].stderr == results[False].stderr
     run = store.run(run_id_in(results[True].stdout))

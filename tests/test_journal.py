@@ -431,13 +431,18 @@ def test_programs_started_together_start_one_replay(tmp_path: Path) -> None:
 def _unfinished(directory: Path, written: Entry, pid: int, age: float = 0.0) -> Path:
     """The temporary file Journal.write leaves when its writer dies between the write and the
     rename (a SIGKILL in those microseconds), ``age`` seconds old."""
-    path = directory / f"{written.run_id}.json.{pid}.tmp"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as file:
-        file.write(written.to_json())
+    path = _private(directory / f"{written.run_id}.json.{pid}.tmp", written.to_json())
     if age:
         then = time.time() - age
         os.utime(path, (then, then))
+    return path
+
+
+def _private(path: Path, text: str) -> Path:
+    """A new file of ours, 0600 from its creation, holding ``text``."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as file:
+        file.write(text)
     return path
 
 
@@ -569,9 +574,6 @@ def test_a_writer_no_system_call_can_check_is_unknown_not_fatal(tmp_path: Path, 
     journal.ensure()
     damaged = json.loads(entry("4" * 32).to_json())
     damaged["pid"] = damaged["writer"]["pid"] = pid
-    path = tmp_path / ("4" * 32 + ".json")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as file:
-        file.write(json.dumps(damaged))
+    _private(tmp_path / ("4" * 32 + ".json"), json.dumps(damaged))
     [read] = list(journal.entries())
     assert read.writer is None and read.writer_alive() is None
