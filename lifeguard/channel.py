@@ -36,6 +36,12 @@ import stat
 
 from lifeguard.names import GUARDIAN_ENV
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import signal as _signal
+else:
+    import _signal  # not signal: it pulls in enum and functools (lifeguard/signals.py)
+
 __all__ = ["CRASHES", "Channel", "Message", "parse_line"]
 
 WATCHDOG = "watchdog"
@@ -98,7 +104,7 @@ class Channel:
         data = line.encode("utf-8", "replace")[: _PIPE_BUF - 1]
         try:
             os.set_blocking(self.fd, False)
-            return os.write(self.fd, data) == len(data)
+            return _write_unsignalled(self.fd, data) == len(data)
         except OSError:
             return False
 
@@ -131,6 +137,29 @@ class Channel:
 
 
 _PIPE_BUF = 4096  # POSIX guarantees atomic pipe writes of at least 512; Linux gives 4096
+
+
+def _write_unsignalled(fd: int, data: bytes) -> int:
+    """``os.write(fd, data)`` that never raises SIGPIPE. A write to a pipe whose reader is gone
+    (a guardian killed, a supervisor SIGKILLed) sends the writing thread SIGPIPE. Python ignores
+    it, but a program may take its default action back (``signal(SIGPIPE, SIG_DFL)``, common in
+    tools piped into ``head``): its next line to the dead guardian (a run's store, "done" at
+    exit) would kill it, where without lifeguard it lived on. So SIGPIPE is blocked in this
+    thread for the write, and the one the write raised, pending on this thread, is taken before
+    the mask is put back. One pending before the write is not ours, and stays."""
+    sigpipe = {_signal.SIGPIPE}
+    mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, sigpipe)
+    try:
+        pending = _signal.SIGPIPE in _signal.sigpending()
+        try:
+            return os.write(fd, data)
+        except BrokenPipeError:
+            if not pending:
+                _signal.sigtimedwait(sigpipe, 0)
+            raise
+    finally:
+        if _signal.SIGPIPE not in mask:
+            _signal.pthread_sigmask(_signal.SIG_UNBLOCK, sigpipe)
 
 
 class Message:

@@ -15,7 +15,7 @@ import pytest
 
 from lifeguard import demo
 from lifeguard.demo import proc_stat
-from tests.conftest import CHILD_TIMEOUT, Scenario, Store, _base_env, wait_gone
+from tests.conftest import CHILD_TIMEOUT, Scenario, Store, _base_env, child_env, wait_gone
 from tests.servers import FaultProxy, MlflowServer
 
 pytestmark = pytest.mark.slow
@@ -181,3 +181,43 @@ def _read_to_the_end(fd: int) -> bytes:
             if not chunk:
                 return bytes(data)
             data.extend(chunk)
+
+
+KILLS_ITS_WATCHDOG = """
+import os, select, signal, sys, time
+# A tool piped into `head` takes SIGPIPE's default action back, so that a closed pipe ends it
+# quietly: a write to a pipe nobody reads then kills it.
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+import lifeguard
+lifeguard.install(watchdog=True)
+import mlflow
+run = mlflow.start_run()
+os.kill(lifeguard.watchdog_pid(), signal.SIGKILL)
+# Its end of the pipe is closed once it is dead: the program's end then polls POLLERR.
+poller = select.poll()
+poller.register(lifeguard.api.current().channel.fd, select.POLLOUT)
+give_up = time.monotonic() + 60
+while not any(events & select.POLLERR for _, events in poller.poll(1000)):
+    assert time.monotonic() < give_up, "the watchdog's end of the pipe stayed open"
+mlflow.log_metric("loss", 0.5)
+print(run.info.run_id, flush=True)
+sys.exit(0)  # at exit, "done" goes to the dead watchdog
+"""
+
+
+def test_a_killed_watchdog_never_kills_the_program_by_sigpipe(store: Store) -> None:
+    """The watchdog SIGKILLed (the OOM killer, a person's ``pkill``): the program's next lines to
+    it ("done" at exit) go to a pipe nobody reads. With SIGPIPE at its default
+    action, each such write killed the program by SIGPIPE (exit -13), where without lifeguard it
+    exits 0. Now it exits as it would, and ends its run itself."""
+    done = subprocess.run(
+        [sys.executable, "-c", KILLS_ITS_WATCHDOG],
+        env=child_env(store),
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT,
+    )
+    assert done.returncode == 0, done.stderr
+    run = store.run(done.stdout.strip())
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["lifeguard.ended_by"] == "process"

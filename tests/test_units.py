@@ -962,3 +962,34 @@ def test_each_delivery_is_read_with_its_signal_and_the_time_it_came() -> None:
         ears.close()
         os.close(read_fd)
         signal.signal(signal.SIGUSR2, previous)
+
+
+@pytest.mark.parametrize("pending_before", [False, True])
+def test_a_line_to_a_dead_guardian_leaves_no_sigpipe_and_the_mask_as_it_was(
+    pending_before: bool,
+) -> None:
+    """The write's own SIGPIPE is taken; one pending before it is the program's, and stays.
+    A handler of the program's stands for its default action, which would kill pytest."""
+    from lifeguard.channel import Channel
+
+    read_fd, write_fd = os.pipe()
+    os.close(read_fd)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, ())
+    delivered: list[int] = []
+    previous = signal.signal(signal.SIGPIPE, lambda signum, frame: delivered.append(signum))
+    try:
+        if pending_before:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGPIPE})
+            signal.pthread_kill(threading.get_ident(), signal.SIGPIPE)
+        assert Channel(write_fd, "watchdog").send("done") is False
+        assert delivered == []
+        assert (signal.SIGPIPE in signal.sigpending()) is pending_before
+        assert signal.pthread_sigmask(signal.SIG_BLOCK, ()) == (
+            mask | {signal.SIGPIPE} if pending_before else mask
+        )
+    finally:
+        if pending_before:
+            signal.sigtimedwait({signal.SIGPIPE}, 0)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        signal.signal(signal.SIGPIPE, previous)
+        os.close(write_fd)
