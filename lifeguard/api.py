@@ -247,6 +247,19 @@ def _connect_guardian(lifecycle: Lifecycle) -> None:
             global _faulthandler_ours
             faulthandler.enable(file=channel.fd, all_threads=False)
             _faulthandler_ours = True
+            channel.on_gone = _watchdog_gone
+
+
+def _watchdog_gone() -> None:
+    """A line to the watchdog found it gone (killed): a crash must no longer be written to its
+    pipe. That write would raise SIGPIPE in the crashing thread, and a program that takes
+    SIGPIPE's default action would die of it instead of its crash (exit 141, not 139)."""
+    global _faulthandler_ours
+    if _faulthandler_ours:
+        import faulthandler
+
+        faulthandler.disable()
+        _faulthandler_ours = False
 
 
 def _replay_journal_in_background() -> None:

@@ -39,6 +39,7 @@ from lifeguard.names import GUARDIAN_ENV
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import signal as _signal
+    from collections.abc import Callable
 else:
     import _signal  # not signal: it pulls in enum and functools (lifeguard/signals.py)
 
@@ -66,6 +67,8 @@ class Channel:
         self.role = role
         self._announced: int | None = None  # the pid whose ``owner`` line was sent
         self._sent_uris: set[str] = set()
+        # Called once, when a write finds the guardian gone (its end of the pipe closed).
+        self.on_gone: Callable[[], object] | None = None
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | os._Environ[str] | None = None) -> Channel | None:
@@ -105,6 +108,11 @@ class Channel:
         try:
             os.set_blocking(self.fd, False)
             return _write_unsignalled(self.fd, data) == len(data)
+        except BrokenPipeError:
+            on_gone, self.on_gone = self.on_gone, None
+            if on_gone is not None:
+                on_gone()
+            return False
         except OSError:
             return False
 

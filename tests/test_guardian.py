@@ -221,3 +221,35 @@ def test_a_killed_watchdog_never_kills_the_program_by_sigpipe(store: Store) -> N
     run = store.run(done.stdout.strip())
     assert run.info.status == "FINISHED"
     assert run.data.tags["lifeguard.ended_by"] == "process"
+
+
+CRASHES_AFTER_ITS_WATCHDOG = """
+import ctypes, os, select, signal, sys, time
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+import lifeguard
+lifeguard.install(watchdog=True)
+import mlflow
+os.kill(lifeguard.watchdog_pid(), signal.SIGKILL)
+poller = select.poll()
+poller.register(lifeguard.api.current().channel.fd, select.POLLOUT)
+give_up = time.monotonic() + 60
+while not any(events & select.POLLERR for _, events in poller.poll(1000)):
+    assert time.monotonic() < give_up, "the watchdog's end of the pipe stayed open"
+mlflow.start_run()  # its store goes to the dead watchdog: a line that finds it gone
+ctypes.string_at(0)
+"""
+
+
+def test_a_crash_after_the_watchdog_was_killed_is_still_the_crash(store: Store) -> None:
+    """faulthandler writes a crash to the watchdog's pipe. Written to a pipe nobody reads any
+    more, that raised SIGPIPE in the crashing thread: with SIGPIPE at its default action the
+    program died of SIGPIPE (exit 141 from a shell), not of SIGSEGV as without lifeguard. Once a
+    line finds the watchdog gone, faulthandler writes there no more."""
+    done = subprocess.run(
+        [sys.executable, "-c", CRASHES_AFTER_ITS_WATCHDOG],
+        env=child_env(store),
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT,
+    )
+    assert done.returncode == -signal.SIGSEGV, done.stderr
