@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from lifeguard.finalizers import Handle, Report
     from lifeguard.outcome import Outcome, OutcomeKind, Status
     from lifeguard.preemption import PreemptionHandle
-    from lifeguard.typed import InstallOptions, SignalSpec
+    from lifeguard.typed import InstallOptions, Ranks, SignalSpec
 
 __all__ = [
     "Handle",
@@ -29,6 +29,7 @@ __all__ = [
     "Outcome",
     "OutcomeKind",
     "PreemptionHandle",
+    "Ranks",
     "Report",
     "SignalSpec",
     "Status",
@@ -72,7 +73,7 @@ def uninstall() -> None:
 
 
 def register(
-    finalizer: Callable[[Outcome], object], *, name: str | None = None, ranks: object = "all"
+    finalizer: Callable[[Outcome], object], *, name: str | None = None, ranks: Ranks = "all"
 ) -> Handle:
     """Register ``finalizer(outcome)`` to run at most once when the process ends.
 
@@ -87,7 +88,7 @@ def register(
 
 
 def track(
-    obj: object, *, method: str | None = None, name: str | None = None, ranks: object = "all"
+    obj: object, *, method: str | None = None, name: str | None = None, ranks: Ranks = "all"
 ) -> Handle:
     """End any tracker object when the process ends: register a finalizer that calls its
     ``finish``, ``close`` or ``end`` (or ``method``), passing ``exit_code``, ``status``,
@@ -149,7 +150,7 @@ def __getattr__(name: str) -> object:
         from lifeguard import preemption
 
         return preemption.PreemptionHandle
-    if name in ("InstallOptions", "SignalSpec"):
+    if name in ("InstallOptions", "Ranks", "SignalSpec"):
         from lifeguard import typed
 
         return getattr(typed, name)

@@ -30,6 +30,9 @@ _registry = Registry()
 _builtin_handles: list[Handle] = []
 _fork_hook_registered = False
 _faulthandler_ours = False
+# The channel to the watchdog sidecar install() started in this process, if any: uninstall()
+# stands it down (never an inherited guardian's: PID 1's, a supervisor's).
+_sidecar: Channel | None = None
 # The lifecycle install_at_start() set up, while the program has not called install() itself.
 _installed_at_start: Lifecycle | None = None
 # The pid of the journal replayer install() started, if the journal had anything.
@@ -219,7 +222,9 @@ def _connect_guardian(lifecycle: Lifecycle) -> None:
     if channel is None and lifecycle.options.watchdog and os.getpid() != 1:
         from lifeguard.guardian import watchdog
 
+        global _sidecar
         channel, lifecycle.guardian_pid = watchdog.start(lifecycle.options.deadline)
+        _sidecar = channel
     if channel is None:
         return
     lifecycle.channel = channel
@@ -303,6 +308,24 @@ def uninstall() -> None:
         for handle in _builtin_handles:
             handle.unregister()
         _builtin_handles.clear()
+        _stand_the_sidecar_down(lifecycle)
+
+
+def _stand_the_sidecar_down(lifecycle: Lifecycle) -> None:
+    """The watchdog install() started goes with it: told that this process is done, its pipe
+    closed, it exits (guardian/watchdog.py). Left running, it took the program's later exit for
+    a death and wrote KILLED over its runs ("died without running its exit hooks" after an
+    os._exit(4) it was no longer told of), and every install() and uninstall() left one more."""
+    global _sidecar
+    channel = lifecycle.channel
+    if channel is None or channel is not _sidecar:
+        return
+    _watchdog_gone()  # faulthandler writes to that pipe: no more
+    channel.send("done")
+    channel.close()
+    lifecycle.channel = None
+    lifecycle.guardian_pid = None
+    _sidecar = None
 
 
 def register(
@@ -367,7 +390,7 @@ def _after_fork_in_child() -> None:
     """A forked child (DataLoader worker, multiprocessing) inherits our hooks and registry but
     owns none of the parent's finalizers. Replace, never lock: another parent thread may have
     held the locks at the moment of fork."""
-    global _registry, _builtin_handles, _lock, _inherited_runs
+    global _registry, _builtin_handles, _lock, _inherited_runs, _sidecar
     init = sys.modules.get("lifeguard.guardian.init")
     if init is not None and init.forking:
         return  # PID 1's fork: the child is the program itself, not a forked worker
@@ -399,3 +422,4 @@ def _after_fork_in_child() -> None:
     _registry = Registry()
     _lifecycle.set_current(None)
     _builtin_handles = []
+    _sidecar = None

@@ -10,7 +10,7 @@ import sys
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
-    from typing import NoReturn
+    from typing import Any, NoReturn
 
     from lifeguard.backends.mlflow.sweep import SweepReport
 
@@ -26,6 +26,12 @@ class _Parser(argparse.ArgumentParser):
     the JSON gets one whatever went wrong."""
 
     json_errors = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # No abbreviations: `--js` taken for --json, or `--deadlin` for --deadline, would stop
+        # meaning that the day a second option starts with the same letters.
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         if _Parser.json_errors:
@@ -85,6 +91,19 @@ def _duration(text: str) -> float:
         return parse_duration(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+# The shortest wait between two sweeps of a service: each sweep is a round of requests to a
+# server the whole cluster shares (`--every 1e-300` sent a sweep's requests ~140 times a second),
+# and nothing it judges changes faster than a heartbeat, whose shortest interval is a second.
+MIN_EVERY = 1.0
+
+
+def _every(text: str) -> float:
+    seconds = _duration(text)
+    if seconds < MIN_EVERY:
+        raise argparse.ArgumentTypeError(f"must be at least {MIN_EVERY:g}s: {text!r}")
+    return seconds
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -175,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
         "less than 3 of the run's own heartbeat intervals (default: 3m)",
     )  # fmt: skip
     sweep.add_argument(
-        "--every", type=_duration, metavar="DURATION",
+        "--every", type=_every, metavar="DURATION",
         help="run as a service: sweep, wait DURATION, sweep again, until SIGTERM or Ctrl-C "
         "(e.g. 30s; one summary line per sweep, or one JSON document per line with --json)",
     )  # fmt: skip
@@ -241,6 +260,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
         if not cmd:
             args.command_parser.error("no command given")  # with run's usage, not the top's
+        if not cmd[0].strip():
+            args.command_parser.error(f"the command is empty: {cmd[0]!r}")
         return _supervise(cmd, args.deadline)
     if args.command == "sweep":
         return _sweep(args) if args.every is None else _sweep_service(args)
@@ -319,6 +340,16 @@ def _sweep(args: argparse.Namespace, compact: bool = False) -> int:
     problem = _journal_dir_problem(args.journal_dir)
     if problem is not None:
         return refuse(problem)
+    if not compact:  # the first sweep of a service: the environment does not change after it
+        # Every LIFEGUARD_* variable, as install() and `lifeguard run` check them: the journal
+        # directory and the replay bound are read by the sweep and by the replayers it starts.
+        problem = _environment_problem()
+        if problem is not None:
+            return refuse(problem)
+        from lifeguard.options import warn_unknown_variables
+
+        _log_to_stderr()
+        warn_unknown_variables()
     for name in args.experiment:
         if not name.strip():
             return refuse(f"--experiment {name!r}: empty; give an experiment's name or id")
@@ -445,8 +476,11 @@ def _missing_store(uri: str) -> str | None:
         path = uri.split(":///", 1)[1].split("?", 1)[0] if ":///" in uri else ""
         if path in ("", ":memory:"):
             return "an in-memory database holds no runs to sweep"
+        if os.path.isdir(path):
+            return f"a directory, not a database file: {os.path.abspath(path)}"
         if not os.path.isfile(path):
             return f"no such database file: {os.path.abspath(path)}"
+        return _not_an_mlflow_database(path)
     elif scheme == "file":
         path = url2pathname(urlsplit(uri).path)
         if not os.path.isdir(path):
@@ -454,9 +488,34 @@ def _missing_store(uri: str) -> str | None:
     return None
 
 
+def _not_an_mlflow_database(path: str) -> str | None:
+    """Why the sqlite file at ``path`` is no MLflow store, if it is not: MLflow would create
+    its tables in any database it opens (an empty file, another program's), and migrate it,
+    even for a dry run. Read-only: this look changes nothing either."""
+    import contextlib
+    import pathlib
+    import sqlite3
+
+    uri = pathlib.Path(path).absolute().as_uri() + "?mode=ro"
+    try:
+        with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=10)) as db:
+            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
+    except sqlite3.Error as exc:
+        return f"cannot be read as a database ({exc}): {os.path.abspath(path)}"
+    if not {"runs", "experiments", "alembic_version"} <= tables:
+        what = "an empty database" if not tables else "a database without MLflow's tables"
+        return f"{what}, not an MLflow store: {os.path.abspath(path)}"
+    return None
+
+
 def _journal_dir_problem(given: str | None) -> str | None:
     """What is wrong with the journal directory the sweep would use, in one line."""
-    from lifeguard.options import DIRECTORY_ACCEPTED, check_directory, check_variable
+    from lifeguard.options import (
+        DIRECTORY_ACCEPTED,
+        check_directory,
+        check_variable,
+        not_absolute,
+    )
 
     if given is None:
         raw = os.environ.get("LIFEGUARD_JOURNAL_DIR")
@@ -469,6 +528,9 @@ def _journal_dir_problem(given: str | None) -> str | None:
         return None
     if not given.strip():
         return "--journal-dir is empty; give a directory, or leave it out for the default"
+    why = not_absolute(given)
+    if why is not None:
+        return f"--journal-dir {given!r} {why}"
     why = check_directory(given)
     if why is not None:
         return f"--journal-dir {given} {why}; it must be {DIRECTORY_ACCEPTED}"

@@ -24,13 +24,14 @@ from lifeguard._threads import take_signals_as_the_program
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Collection
+    from typing import TypeGuard
 
     from lifeguard.outcome import Outcome
 
     Finalizer = Callable[[Outcome], object]
 
-__all__ = ["PENDING", "Deferred", "Handle", "Registry", "Report", "time_left"]
+__all__ = ["PENDING", "Deferred", "Handle", "Registry", "Report", "a_collection", "time_left"]
 
 # Thread id -> monotonic deadline of the finalizer running in that thread.
 _deadlines: dict[int, float] = {}
@@ -340,18 +341,32 @@ def _run_one(handle: Handle, outcome: Outcome, timeout: float) -> Report:
     return Report(handle.name, "ok", seconds, None)
 
 
+def a_collection(value: object) -> TypeGuard[Collection[object]]:
+    """A sequence or a set of any kind (lifeguard.typed.Ranks), never a byte string's bytes.
+    ``_collections_abc``, which ``os`` has loaded: ``collections.abc`` would load all of
+    ``collections`` for two names."""
+    from _collections_abc import Sequence, Set
+
+    return isinstance(value, (Sequence, Set)) and not isinstance(value, (str, bytes, bytearray))
+
+
 def _parse_ranks(ranks: object) -> frozenset[int] | None:
-    if ranks == "all":
-        return None
-    if ranks == "zero":
-        return frozenset({0})
-    if isinstance(ranks, int) and not isinstance(ranks, bool) and ranks >= 0:
+    if isinstance(ranks, str):
+        if ranks == "all":
+            return None
+        if ranks == "zero":
+            return frozenset({0})
+    elif isinstance(ranks, int) and not isinstance(ranks, bool) and ranks >= 0:
         return frozenset({ranks})
-    if isinstance(ranks, (list, tuple, set, frozenset)) and all(
+    elif a_collection(ranks) and all(
         isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in ranks
     ):
-        return frozenset(ranks)
-    raise ValueError(f'ranks must be "all", "zero", a rank or a set of ranks, not {ranks!r}')
+        if not ranks:  # a finalizer that runs on no rank at all: a slip, never a wish
+            raise ValueError('ranks is empty: the finalizer would never run; give "all", '
+                             '"zero", a rank or a set of ranks')  # fmt: skip
+        return frozenset(r for r in ranks if isinstance(r, int))
+    shown = repr(ranks) if len(repr(ranks)) <= 60 else f"a {type(ranks).__name__}"
+    raise ValueError(f'ranks must be "all", "zero", a rank or a set of ranks, not {shown}')
 
 
 def _describe(fn: object) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+from lifeguard.finalizers import a_collection
 from lifeguard.names import MODULES as _BACKEND_MODULES
 from lifeguard.settings import (
     DEFAULT_DEADLINE,
@@ -40,6 +41,7 @@ __all__ = [
     "Options",
     "check_directory",
     "check_variable",
+    "not_absolute",
     "parse_seconds",
     "parse_signals",
     "warn_unknown_variables",
@@ -51,7 +53,10 @@ TRACKERS: tuple[str, ...] = tuple(_BACKEND_MODULES)
 
 # These end the process without running Python code, or belong to the interpreter; hooking them
 # would change what the program sees (signal-exit leaves SEGV/BUS/FPE/ILL alone for this reason).
-_UNHOOKABLE = frozenset({"SIGKILL", "SIGSTOP", "SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL"})
+# SIGABRT too: abort() sets the default action back and raises it again as soon as a handler
+# returns, and CPython's C handler returns at once, so the process dies before any Python code
+# of lifeguard's runs (an os.abort() left the run RUNNING).
+_UNHOOKABLE = frozenset({"SIGKILL", "SIGSTOP", "SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGABRT"})
 # Their default action is to ignore or stop, not to end the process: nothing to finalize.
 _NOT_FATAL = frozenset(
     {"SIGCHLD", "SIGCLD", "SIGCONT", "SIGURG", "SIGWINCH", "SIGTSTP", "SIGTTIN", "SIGTTOU"}
@@ -144,7 +149,7 @@ def parse_signals(value: object, origin: str = "signals", *, none: bool = False)
             raise ValueError(f"{origin} is empty; {_accepted()}")
     elif isinstance(value, int):  # signal.Signals members are ints too; a bool is refused below
         items = [value]
-    elif isinstance(value, (list, tuple, set, frozenset)):
+    elif a_collection(value):
         items = list(value)
         if not items and not none:
             raise ValueError(f"{origin}: no signal given, at least one is needed; {_accepted()}")
@@ -161,25 +166,35 @@ def parse_signals(value: object, origin: str = "signals", *, none: bool = False)
     return tuple(result)
 
 
+def _shown(value: object) -> str:
+    """``repr(value)`` for an error message, cut short: a 400-digit number is no help, and an
+    int of 5,000 digits cannot even be shown (sys.set_int_max_str_digits)."""
+    try:
+        text = repr(value)
+    except ValueError:
+        return f"an int of about {int(value.bit_length() * 0.30103)} digits"  # type: ignore[attr-defined]
+    return text if len(text) <= 60 else text[:40] + "..." + text[-10:]
+
+
 def _one_signal(item: object, origin: str) -> int:
     if isinstance(item, bool):
         raise TypeError(f"{origin}: {item!r} is not a signal")
-    if isinstance(item, str) and item.strip().isdigit():
+    if isinstance(item, str) and item.strip().isascii() and item.strip().isdigit():
         item = int(item.strip())  # "15", as LIFEGUARD_SIGNALS=15 or signals="15" give it
     if isinstance(item, int):  # signal.Signals members are ints too
         signum = int(item)
         if signum not in _signal.valid_signals():
-            raise ValueError(f"{origin}: {item} is not a signal number here; {_accepted()}")
+            raise ValueError(f"{origin}: {_shown(item)} is not a signal number here; {_accepted()}")
     elif isinstance(item, str):
         name = item.strip().upper()
         if not name.startswith("SIG"):
             name = "SIG" + name
-        value = getattr(_signal, name, None)
+        value = getattr(_signal, name, None) if name.isascii() else None
         if not isinstance(value, int) or name.startswith(("SIG_", "SIGRTM")):
             raise ValueError(f"{origin}: unknown signal {item!r}; {_accepted()}")
         signum = value
     else:
-        raise TypeError(f"{origin}: {item!r} is not a signal name or number; {_accepted()}")
+        raise TypeError(f"{origin}: {_shown(item)} is not a signal name or number; {_accepted()}")
     name = _signal_name(signum)
     if name in _UNHOOKABLE:
         raise ValueError(
@@ -219,16 +234,36 @@ def parse_seconds(value: object, origin: str, *, zero: bool = False) -> float:
     frame, and never later in an exit path where no error may be raised."""
     if isinstance(value, bool):
         raise TypeError(f"{origin} must be a number of seconds, not {value!r}")
-    try:
-        seconds = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError, OverflowError):  # OverflowError: an int such as 10**400
-        seconds = _NAN
+    seconds = _NAN
+    if isinstance(value, str):
+        seconds = _decimal(value)
+    elif isinstance(value, (int, float)):
+        try:
+            seconds = float(value)
+        except OverflowError:  # an int such as 10**400
+            pass
     # nan (given, or from the cases above) fails every comparison, so it fails this one too.
     low_ok = seconds >= 0 if zero else seconds > 0
     if not (low_ok and seconds <= MAX_SECONDS):
         raise ValueError(
-            f"{origin} must be a number of seconds {seconds_range(zero)}, not {value!r}"
+            f"{origin} must be a number of seconds {seconds_range(zero)}, not {_shown(value)}"
         )
+    return seconds
+
+
+def _decimal(text: str) -> float:
+    """A plain decimal number ("10", "2.5", "1e3"), else nan. Not what else ``float()`` takes:
+    digits of other scripts (Arabic-Indic ones), underscores ("1_0"), "inf", "nan"; nor a
+    number too small for a float ("1e-400"), which ``float()`` makes 0, for a heartbeat "off".
+    """
+    import re
+
+    match = re.fullmatch(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*", text, re.ASCII)
+    if match is None:
+        return _NAN
+    seconds = float(text)
+    if seconds == 0 and match.group(1).strip("0.") != "":
+        return _NAN  # not zero, yet too small to be anything but 0 as a float
     return seconds
 
 
@@ -239,7 +274,7 @@ def _parse_trackers(value: object, origin: str) -> tuple[str, ...]:
         items: list[object] = [part.strip() for part in value.split(",") if part.strip()]
         if not items:  # "none" says no tracker; an empty string says nothing
             raise ValueError(f"{origin} is empty; give {_TRACKERS_ACCEPTED}")
-    elif isinstance(value, (list, tuple, set, frozenset)):
+    elif a_collection(value):
         items = list(value)
     else:
         raise TypeError(f"{origin} must be tracker names, not {type(value).__name__}")
@@ -269,7 +304,9 @@ def _parse_bool(value: object, origin: str) -> bool:
             return True
         if lowered in _FALSE:
             return False
-    raise ValueError(f"{origin} must be {_BOOL_ACCEPTED}, not {value!r}")
+        raise ValueError(f"{origin} must be {_BOOL_ACCEPTED}, not {_shown(value)}")
+    # A program's own value: True or False ("1 or 0" is what a variable may say).
+    raise ValueError(f"{origin} must be True or False, not {_shown(value)}")
 
 
 def _parse_heartbeat(value: object, origin: str) -> float:
@@ -280,7 +317,20 @@ def _parse_heartbeat(value: object, origin: str) -> float:
         pass
     if seconds == 0 or MIN_HEARTBEAT <= seconds <= MAX_SECONDS:
         return seconds
-    raise ValueError(f"{origin} must be {_HEARTBEAT_ACCEPTED}, not {value!r}")
+    raise ValueError(f"{origin} must be {_HEARTBEAT_ACCEPTED}, not {_shown(value)}")
+
+
+def not_absolute(path: str) -> str | None:
+    """Why ``path`` is not the absolute path a directory of lifeguard's must be, if it is not. A
+    relative one would be taken from wherever the process is when it first writes (a program
+    that chdirs, a replayer started elsewhere): not where install() checked it. Nobody expands
+    ``~`` in a variable either; and a space or a newline at either end is a quoting slip."""
+    if path != path.strip():
+        return "has white space at an end; give the path alone"
+    if not os.path.isabs(path):
+        hint = " (~ is not expanded here)" if path.startswith("~") else ""
+        return f"is not an absolute path{hint}; give one that starts with /"
+    return None
 
 
 def check_directory(path: str) -> str | None:
@@ -304,6 +354,9 @@ def check_directory(path: str) -> str | None:
 def _parse_directory(value: object, origin: str) -> str:
     if not isinstance(value, str):
         raise TypeError(f"{origin} must be a path, not {type(value).__name__}")
+    why = not_absolute(value)
+    if why is not None:
+        raise ValueError(f"{origin}: {value!r} {why}")
     why = check_directory(value)
     if why is not None:
         raise ValueError(f"{origin}: {value} {why}; it must be {DIRECTORY_ACCEPTED}")

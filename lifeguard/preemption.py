@@ -35,21 +35,41 @@ __all__ = ["TAG_WARNING", "PreemptionHandle", "on_preemption"]
 
 TAG_WARNING = "lifeguard.preemption_warning"
 
-_callbacks: list[Callable[[int], object]] = []
+# The signals that stop the process, not warn it: lifeguard ends the runs KILLED on them
+# (install()'s default signals). A warning handler on one made it survivable, or not, by whether
+# on_preemption() came before install() or after.
+_STOPS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+
+# The callbacks, each with the signals it was given for, oldest first.
+_callbacks: list[tuple[Callable[[int], object], frozenset[int]]] = []
+# The handler each hooked signal had before, put back once no callback is left for it.
 _previous: dict[int, object] = {}
 
 
 class PreemptionHandle:
-    """What :func:`lifeguard.on_preemption` returns: ``.remove()`` stops calling the callback."""
+    """What :func:`lifeguard.on_preemption` returns: ``.remove()`` stops calling the callback,
+    and a signal no callback is left for gets back the handler it had before (its default
+    action, say: without a callback, a warning is no longer caught)."""
 
-    def __init__(self, callback: Callable[[int], object]) -> None:
+    def __init__(self, callback: Callable[[int], object], signals: frozenset[int]) -> None:
         self.callback = callback
+        self.signals = signals
 
     def remove(self) -> None:
-        try:
-            _callbacks.remove(self.callback)
-        except ValueError:
-            pass
+        """Main thread only, as on_preemption()."""
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("PreemptionHandle.remove() must be called from the main thread")
+        entry = (self.callback, self.signals)
+        if entry not in _callbacks:
+            return
+        _callbacks.remove(entry)
+        for signum in self.signals:
+            if any(signum in signums for _, signums in _callbacks) or signum not in _previous:
+                continue
+            previous = _previous.pop(signum)
+            # Only where the warning handler is still the one in place: one set since is theirs.
+            if signal.getsignal(signum) is _on_warning:
+                signal.signal(signum, previous)  # type: ignore[arg-type]
 
 
 def on_preemption(
@@ -60,6 +80,14 @@ def on_preemption(
     if not callable(callback):
         raise TypeError(f"callback must be callable, not {type(callback).__name__}")
     signums = parse_signals(signals, "signals")
+    stops = [signal.Signals(s).name for s in signums if s in _STOPS]
+    if stops:
+        raise ValueError(
+            f"signals: {', '.join(stops)} stops the process, it is no preemption warning "
+            "(lifeguard ends the runs KILLED on it); give the signal sent before the stop, "
+            "such as SIGUSR1 (Slurm's --signal=USR1@90), and register() a finalizer for what "
+            "must be done at the stop itself"
+        )
     if threading.current_thread() is not threading.main_thread():
         raise RuntimeError("lifeguard.on_preemption() must be called from the main thread")
     # Imported here, not in the signal handler (the main thread may be importing when the
@@ -69,8 +97,9 @@ def on_preemption(
     for signum in signums:
         if signum not in _previous:
             _previous[signum] = signal.signal(signum, _on_warning)
-    _callbacks.append(callback)
-    return PreemptionHandle(callback)
+    hooked = frozenset(signums)
+    _callbacks.append((callback, hooked))
+    return PreemptionHandle(callback, hooked)
 
 
 def _on_warning(signum: int, frame: FrameType | None) -> None:
@@ -79,7 +108,9 @@ def _on_warning(signum: int, frame: FrameType | None) -> None:
     stamp = int(time.time() * 1000)
     # The runs this process starts or resumes later are tagged too (with their owner tags).
     active.tag_new_runs(TAG_WARNING, _tag_value(signum, stamp))
-    for callback in list(_callbacks):
+    for callback, signums in list(_callbacks):
+        if signum not in signums:
+            continue
         try:
             callback(signum)
         except Exception as exc:  # noqa: BLE001 - a checkpoint that fails must not kill the job

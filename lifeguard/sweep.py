@@ -110,11 +110,16 @@ def parse_duration(text: str) -> float:
         unit = _UNITS[value[-1]]
         value = value[:-1]
     try:
+        # ASCII, and no underscores: float() takes "1_0" and digits of other scripts too.
+        if not value.isascii() or "_" in value:
+            raise ValueError
         seconds = float(value) * unit
     except ValueError:
         raise ValueError(f"not a duration: {text!r} (use e.g. 90s, 15m, 2h, 1d)") from None
     if seconds != seconds:  # nan
         raise ValueError(f"not a duration: {text!r} (use e.g. 90s, 15m, 2h, 1d)")
+    if seconds == 0 and value.split("e")[0].strip("+-0.") != "":  # "1e-400": 0 as a float
+        raise ValueError(f"a duration too small to tell from 0: {text!r}")
     if seconds > MAX_DURATION:  # 1e400 too: float() made it inf, a number too large
         raise ValueError(f"a duration must be at most 3650d: {text!r}")
     if not seconds > 0:

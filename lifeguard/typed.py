@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Sequence, Set
-from typing import TypedDict
+from typing import Literal, TypedDict
 
-__all__ = ["InstallOptions", "SignalSpec"]
+__all__ = ["InstallOptions", "Ranks", "SignalSpec"]
 
 # One signal (a name such as "SIGUSR2", "USR2" or "usr2", a number such as 12 or "12", a
-# signal.Signals), a comma-separated string of them ("usr2,term"), or a list or tuple of them.
+# signal.Signals), a comma-separated string of them ("usr2,term"), or a sequence or a set of them
+# (a list, a tuple, a range, a deque, a dict's keys: lifeguard.options._a_collection).
 SignalSpec = str | int | signal.Signals | Sequence[str | int] | Set[str | int]
+
+# The ranks a finalizer runs on: every one, rank 0 only, one rank, or several (never none).
+Ranks = Literal["all", "zero"] | int | Sequence[int] | Set[int]
 
 
 class InstallOptions(TypedDict, total=False):
@@ -30,4 +34,4 @@ class InstallOptions(TypedDict, total=False):
     watchdog: bool
     blocked_grace: float
     heartbeat: float
-    trackers: str | Sequence[str]
+    trackers: str | Sequence[str] | Set[str]

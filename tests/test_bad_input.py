@@ -17,6 +17,7 @@ status, what a command creates) it is a real process.
 
 from __future__ import annotations
 
+import collections
 import json
 import re
 import signal
@@ -79,6 +80,10 @@ FORMS: list[tuple[object, tuple[int, ...]]] = [
     (signal.SIGUSR2, (SIGUSR2,)),
     (["USR2", 15], (SIGUSR2, SIGTERM)),
     (("12",), (SIGUSR2,)),
+    # Any sequence or set, as lifeguard.typed.SignalSpec says (they were TypeErrors).
+    (range(12, 13), (SIGUSR2,)),
+    (collections.deque(["USR2"]), (SIGUSR2,)),
+    ({"USR2": 1}.keys(), (SIGUSR2,)),
 ]
 
 
@@ -95,7 +100,11 @@ def as_code(value: object) -> str:
     return f"signal.{value.name}" if isinstance(value, signal.Signals) else repr(value)
 
 
-@pytest.mark.parametrize(("value", "expected"), FORMS)
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    # Written into the child's code: the forms whose repr is code. SIGTERM is refused there.
+    [f for f in FORMS if SIGTERM not in f[1] and isinstance(f[0], (str, int, list, tuple))],
+)
 def test_on_preemption_hooks_the_signals_it_is_given(
     value: object, expected: tuple[int, ...]
 ) -> None:
@@ -127,6 +136,17 @@ def test_on_preemption_hooks_the_signals_it_is_given(
         ("SIGNOPE", ValueError, "unknown signal 'SIGNOPE'"),
         ("USR2,NOPE", ValueError, "unknown signal 'NOPE'"),
         ("KILL", ValueError, "SIGKILL cannot be hooked"),
+        ("ABRT", ValueError, "SIGABRT cannot be hooked"),
+        # Digits that int() takes but are no signal number (superscript two, Arabic-Indic
+        # fifteen): ValueErrors from int() that named nothing, or another signal read.
+        ("\u00b2", ValueError, "unknown signal '\u00b2'"),
+        ("\u0661\u0665", ValueError, "unknown signal '\u0661\u0665'"),
+        (b"\x0c", TypeError, "signals must be a signal name or number"),
+        (iter(["USR2"]), TypeError, "signals must be a signal name or number"),
+        # The stop signals are no warning: before install() SIGTERM was survivable, after it
+        # not (tests/test_bad_input.py::test_preemption_... below).
+        ("TERM", ValueError, "SIGTERM stops the process, it is no preemption warning"),
+        (["USR1", "INT", "HUP"], ValueError, "SIGINT, SIGHUP stops the process"),
     ],
 )
 def test_on_preemption_refuses_what_would_hook_nothing_or_the_wrong_thing(
@@ -139,6 +159,29 @@ def test_on_preemption_refuses_what_would_hook_nothing_or_the_wrong_thing(
     with pytest.raises(error, match=re.escape(says)):
         lifeguard.on_preemption(print, signals=value)  # type: ignore[arg-type]
     assert (signal.getsignal(signal.SIGUSR2), signal.getsignal(signal.SIGUSR1)) == before
+
+
+def test_a_removed_preemption_callback_gives_the_signal_back() -> None:
+    """``remove()`` left the warning handler in place: the process then survived SIGUSR1,
+    which without lifeguard kills it. The last callback removed, the signal's handler is the
+    one it had before; a callback left for another signal keeps that one hooked."""
+    result = python(
+        """
+        import json, signal, lifeguard
+        got = []
+        first = lifeguard.on_preemption(got.append, signals="USR1")
+        second = lifeguard.on_preemption(got.append, signals=("USR1", "USR2"))
+        first.remove()
+        signal.raise_signal(signal.SIGUSR1)  # the second callback, still
+        second.remove()
+        second.remove()  # a second time: nothing
+        print(json.dumps(got), flush=True)
+        signal.raise_signal(signal.SIGUSR2)  # the default action, as before on_preemption()
+        print("survived", flush=True)
+        """
+    )
+    assert result.returncode == -signal.SIGUSR2, result.stderr
+    assert result.stdout.splitlines() == ["[10]"]
 
 
 def test_install_takes_no_signal_only_as_an_empty_list() -> None:
@@ -224,7 +267,12 @@ def test_a_heartbeat_is_off_or_at_least_a_second(value: object) -> None:
     assert Options.from_kwargs({}, environ=env).heartbeat == float(value)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("value", [0.001, "0.001", 0.5, 0.999, -1, 3601, "nan", "soon"])
+@pytest.mark.parametrize(
+    # "1e-400" is 0 to float(): heartbeats silently off. The Arabic-Indic ten and "1_0" are
+    # what float() takes besides decimal numbers.
+    "value",
+    [0.001, "0.001", 0.5, 0.999, -1, 3601, "nan", "soon", "1e-400", "\u0661\u0660", "1_0"],
+)
 def test_a_heartbeat_under_a_second_is_refused(value: object) -> None:
     """0.001 was accepted: one idle program sent 60 requests in 6 s to the shared server."""
     allowed = "must be 0 (off) or a number of seconds from 1 to 3600"
@@ -483,6 +531,9 @@ import lifeguard
 lifeguard.install(deadline=5, signals="usr2,term", watchdog=True, trackers=["wandb"])
 lifeguard.install(signals=signal.SIGUSR2, heartbeat=0)
 lifeguard.install(signals=())
+lifeguard.install(trackers={"wandb"}, signals=range(10, 13))
+lifeguard.register(print, ranks=[0, 1])
+ranks: lifeguard.Ranks = "zero"
 options: lifeguard.InstallOptions = {"deadline": 3.0, "mlflow": False}
 lifeguard.install(**options)
 handle: lifeguard.Handle = lifeguard.register(lambda outcome: None)
@@ -501,6 +552,9 @@ TYPED_WRONG = {
         '"PreemptionHandle" has no attribute "unregister"'
     ),
     "lifeguard.register(print).remove()": '"Handle" has no attribute "remove"',
+    'lifeguard.register(print, ranks="every")': (
+        'Argument "ranks" to "register" has incompatible type "Literal[\'every\']"'
+    ),
 }
 
 
@@ -577,3 +631,178 @@ def test_finish_leaves_lifeguard_installed_for_the_runs_after_it() -> None:
     assert result.stdout.split() == ["True", "False"], result.stderr
     readme = (REPO / "README.md").read_text()
     assert "`True` from `install()` until `uninstall()`" in readme
+
+
+# -- what a newcomer's second review found --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "says"),
+    [
+        # "1 or 0" is what a variable may say; a program's 1 was refused in those words.
+        ("mlflow", 1, "option 'mlflow' must be True or False, not 1"),
+        ("watchdog", 0, "option 'watchdog' must be True or False, not 0"),
+        # An int too long to show (int() refuses to make a string of 5,000 digits): the error
+        # was about that, and named no option; one of 400 digits was shown whole.
+        ("deadline", lambda: 10**5000,
+         "option 'deadline' must be a number of seconds greater than 0 and at most 3600, "
+         "not an int of about 5000 digits"),
+        ("deadline", 10**400, "option 'deadline' must be a number of seconds greater than 0 "
+         "and at most 3600, not 1000000000000000000000000000000000000000...0000000000"),
+    ],
+)  # fmt: skip
+def test_a_bad_value_is_named_in_a_short_line(option: str, value: object, says: str) -> None:
+    value = value() if callable(value) else value
+    with pytest.raises(ValueError) as error:
+        Options.from_kwargs({option: value}, environ={})
+    assert str(error.value) == says
+
+
+def test_trackers_take_any_sequence_or_set() -> None:
+    for value in (collections.deque(["wandb"]), {"wandb"}, ("wandb",)):
+        assert Options.from_kwargs({"trackers": value}, environ={}).trackers == ("wandb",)
+    with pytest.raises(TypeError, match="must be tracker names, not bytes"):
+        Options.from_kwargs({"trackers": b"wandb"}, environ={})
+
+
+def test_ranks_are_never_none_of_them() -> None:
+    """``ranks=[]`` was accepted: a finalizer that never runs, on any rank."""
+    from lifeguard.finalizers import Registry
+
+    registry = Registry()
+    for empty in ([], (), set(), frozenset(), range(0)):
+        with pytest.raises(ValueError, match="ranks is empty: the finalizer would never run"):
+            registry.add(print, "f", empty)
+    for bad in ([0, -1], [True], b"\x00", "every"):
+        with pytest.raises(ValueError, match="ranks must be"):
+            registry.add(print, "f", bad)
+    assert registry.add(print, "f", collections.deque([0, 2])).ranks == {0, 2}
+    assert registry.add(print, "f", range(2)).ranks == {0, 1}
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("relative/journal", "is not an absolute path; give one that starts with /"),
+        ("~/journal", "is not an absolute path (~ is not expanded here)"),
+        (" /tmp/journal", "has white space at an end"),
+        ("/tmp/journal\n", "has white space at an end"),
+    ],
+)
+def test_a_journal_directory_must_be_an_absolute_path(value: str, says: str) -> None:
+    """A relative one was taken from wherever the process was at its first write: a program
+    that chdir'd journaled elsewhere than install() had checked, or nowhere (from /proc)."""
+    for var in ("LIFEGUARD_JOURNAL_DIR", "LIFEGUARD_TURNS_DIR"):
+        with pytest.raises(ValueError) as error:
+            Options.from_kwargs({}, environ={var: value})
+        assert str(error.value).startswith(f"environment variable {var}: {value!r} {says}")
+
+
+def test_a_sweep_refuses_a_relative_journal_directory(tmp_path: Path) -> None:
+    db = tmp_path / "mlflow.db"
+    db.touch()
+    result = lifeguard_cold(
+        "sweep", "--dry-run", "--tracking-uri", f"sqlite:///{db}", "--journal-dir", "j",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "lifeguard sweep: --journal-dir 'j' is not an absolute path; give one that starts with /"
+    ]
+    assert tree(tmp_path) == ["mlflow.db"]
+
+
+def _other_programs_database(path: Path) -> None:
+    import sqlite3
+
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE users (name TEXT)")
+        db.execute("INSERT INTO users VALUES ('ada')")
+
+
+@pytest.mark.parametrize("kind", ["another program's database", "an empty file", "not sqlite"])
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_a_sweep_never_makes_an_mlflow_store_of_a_file(
+    tmp_path: Path, kind: str, dry_run: bool
+) -> None:
+    """MLflow creates and migrates its tables in whatever database it opens: a dry run made
+    another program's database (or an empty file) an MLflow store of 65 tables, and said
+    "nothing written"."""
+    db = tmp_path / "app.db"
+    if kind == "another program's database":
+        _other_programs_database(db)
+        says = "a database without MLflow's tables, not an MLflow store"
+    elif kind == "an empty file":
+        db.touch()
+        says = "an empty database, not an MLflow store"
+    else:
+        db.write_bytes(b"this is a text file, not a database\n" * 100)
+        says = "cannot be read as a database (file is not a database)"
+    before = db.read_bytes()
+    args = ["sweep", "--tracking-uri", f"sqlite:///{db}", "--journal-dir", str(tmp_path / "j")]
+    result = lifeguard_cold(*args, *(["--dry-run"] if dry_run else []))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        f"lifeguard sweep: --tracking-uri 'sqlite:///{db}': {says}: {db}"
+    ]
+    assert db.read_bytes() == before
+    assert tree(tmp_path) == ["app.db"]
+
+
+def test_a_sweep_of_a_directory_says_so(tmp_path: Path) -> None:
+    result = lifeguard_cold("sweep", "--dry-run", "--tracking-uri", f"sqlite:///{tmp_path}")
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        f"lifeguard sweep: --tracking-uri 'sqlite:///{tmp_path}': a directory, not a database "
+        f"file: {tmp_path}"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        # Each sweep is a round of requests to the shared server: 1e-300 sent ~140 a second.
+        (("--every", "0.5s"), "argument --every: must be at least 1s: '0.5s'"),
+        (("--every", "1e-300"), "argument --every: must be at least 1s: '1e-300'"),
+        # No abbreviations: `--js` stood for --json, `--tracking` for --tracking-uri.
+        (("--js",), "unrecognized arguments: --js"),
+        # Digits of other scripts, underscores, and a number that is 0 to a float.
+        (("--stale-after", "1_0"), "not a duration: '1_0' (use e.g. 90s, 15m, 2h, 1d)"),
+        (("--stale-after", "1e-400"),
+         "argument --stale-after: a duration too small to tell from 0: '1e-400'"),
+    ],
+)  # fmt: skip
+def test_sweep_refuses_these_at_its_start(tmp_path: Path, args: tuple[str, ...], says: str) -> None:
+    db = tmp_path / "mlflow.db"
+    db.touch()
+    result = lifeguard_cold("sweep", "--dry-run", "--tracking-uri", f"sqlite:///{db}", *args)
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1].endswith(says), result.stderr
+    assert tree(tmp_path) == ["mlflow.db"]
+
+
+def test_sweep_checks_the_environment_as_install_does(tmp_path: Path) -> None:
+    """A bad LIFEGUARD_* value or a misspelt name was ignored by the sweep, which reads the
+    journal directory and starts replayers that read the others."""
+    db = tmp_path / "mlflow.db"
+    db.touch()
+    args = ("sweep", "--dry-run", "--tracking-uri", f"sqlite:///{db}")
+    bad = lifeguard_cold(*args, env=dict(_base_env(), LIFEGUARD_REPLAY_BOUND="abc"))
+    assert bad.returncode == 2
+    assert bad.stderr.splitlines() == [
+        "lifeguard sweep: environment variable LIFEGUARD_REPLAY_BOUND must be a number of "
+        "seconds from 0 (off) to 3600, not 'abc'"
+    ]
+    journal = tmp_path / "j"
+    env = dict(_base_env(), LIFEGUARD_JOURNAL_DIRS=str(journal))
+    misspelt = lifeguard_cold(*args, "--journal-dir", str(journal), env=env)
+    assert (
+        "lifeguard: unknown environment variable LIFEGUARD_JOURNAL_DIRS (did you mean "
+        "LIFEGUARD_JOURNAL_DIR?)" in misspelt.stderr
+    ), misspelt.stderr
+
+
+def test_run_refuses_an_empty_command() -> None:
+    result = lifeguard_cold("run", "--", "")
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == "lifeguard run: error: the command is empty: ''"

@@ -253,3 +253,57 @@ def test_a_crash_after_the_watchdog_was_killed_is_still_the_crash(store: Store) 
         timeout=CHILD_TIMEOUT,
     )
     assert done.returncode == -signal.SIGSEGV, done.stderr
+
+
+UNINSTALLS = """
+import json, os, sys
+import lifeguard, mlflow
+lifeguard.install(watchdog=True)
+first = lifeguard.watchdog_pid()
+run = mlflow.start_run()
+lifeguard.uninstall()
+pids = [first]
+for _ in range(3):
+    lifeguard.install(watchdog=True)
+    pids.append(lifeguard.watchdog_pid())
+    lifeguard.uninstall()
+ready = {"run_id": run.info.run_id, "watchdogs": pids, "after": lifeguard.watchdog_pid()}
+print(json.dumps(ready), flush=True)
+sys.stdin.readline()  # the test has seen every watchdog gone
+os._exit(4)
+"""
+
+
+def test_uninstall_stands_the_watchdog_down(store: Store) -> None:
+    """The watchdog install() started outlived uninstall(): it took the program's later
+    os._exit(4), which it was no longer told of, for a death, and wrote KILLED "died without
+    running its exit hooks" over a run lifeguard no longer guarded; each install() and
+    uninstall() left one more. Now each one exits at uninstall(), while the program lives, and
+    writes nothing."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", UNINSTALLS],
+        env=child_env(store),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line, proc.communicate(timeout=CHILD_TIMEOUT)[1]
+        ready = json.loads(line)
+        assert ready["after"] is None
+        assert len(set(ready["watchdogs"])) == 4 and all(ready["watchdogs"])
+        for pid in ready["watchdogs"]:
+            wait_gone(pid, CHILD_TIMEOUT)
+        assert proc.poll() is None  # gone while the program lives
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.wait(CHILD_TIMEOUT) == 4
+    finally:
+        proc.kill()
+        proc.communicate()
+    run = store.run(ready["run_id"])
+    assert run.info.status == "RUNNING"
+    assert "lifeguard.ended_by" not in run.data.tags

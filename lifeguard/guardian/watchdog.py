@@ -232,7 +232,7 @@ def watch(read_fd: int, parent: int) -> tuple[Evidence, float]:
     except (AttributeError, OSError):  # no pidfd (old kernel) or parent already gone
         pidfd = None
     try:
-        return wait_for_exit(read_fd, pidfd)
+        return wait_for_exit(read_fd, pidfd, stand_down=True)
     finally:
         if pidfd is not None:
             os.close(pidfd)
@@ -259,12 +259,14 @@ class SignalWake:
 
 
 def wait_for_exit(
-    read_fd: int, pidfd: int | None, wake_fd: int | None = None
+    read_fd: int, pidfd: int | None, wake_fd: int | None = None, *, stand_down: bool = False
 ) -> tuple[Evidence, float]:
     """Read the channel until the process behind ``pidfd`` exits (no polling: both wake
     select). Without a pidfd, EOF on the channel stands for the exit. ``wake_fd`` (a signal
     wakeup fd, non-blocking) only wakes the select, so that the caller's signal handlers run at
-    once. Returns the evidence and the time of death."""
+    once. ``stand_down`` (the sidecar): EOF with nothing pending ends the watch at once, the
+    process alive (its ``uninstall()`` said done and closed the pipe). Returns the evidence and
+    the time of death."""
     evidence = Evidence()
     watched = [read_fd] + [fd for fd in (pidfd, wake_fd) if fd is not None]
     while True:
@@ -285,6 +287,8 @@ def wait_for_exit(
                 evidence.feed(data)
             elif pidfd is None:
                 break  # EOF and no pidfd: every writer is gone, the process with them
+            elif stand_down and not evidence.pending():
+                break  # closed by a process that is done, or never started a run: nothing left
             else:
                 # EOF while the process lives: it exec'd (the pipe is close-on-exec), or it
                 # closed the channel. Its runs may still be in use: wait for the real exit.
