@@ -153,7 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--deadline",
         type=_seconds_option("--deadline"),
-        help="seconds for finalization, at most 3600 (default: 10)",
+        help="seconds for finalization, at most 3600 (default: LIFEGUARD_DEADLINE, else 10), "
+        "the program's and the supervisor's own",
     )
     run.add_argument(
         "cmd",
@@ -299,6 +300,12 @@ def _supervise(cmd: list[str], deadline: float | None) -> int:
     if problem is not None:
         sys.stderr.write(f"lifeguard run: {problem}\n")
         return 2
+    if deadline is None and os.environ.get("LIFEGUARD_DEADLINE"):
+        # The program's deadline, checked just above: the supervisor's clean-up after it gets
+        # the same (it took 10 s, whatever the program was given).
+        from lifeguard.options import parse_seconds
+
+        deadline = parse_seconds(os.environ["LIFEGUARD_DEADLINE"], "LIFEGUARD_DEADLINE")
 
     try:
         return supervise(cmd, deadline=deadline)

@@ -806,3 +806,18 @@ def test_run_refuses_an_empty_command() -> None:
     result = lifeguard_cold("run", "--", "")
     assert result.returncode == 2
     assert result.stderr.splitlines()[-1] == "lifeguard run: error: the command is empty: ''"
+
+
+@pytest.mark.parametrize(("given", "expected"), [((), 20.0), (("--deadline", "5"), 5.0)])
+def test_run_gives_its_own_clean_up_the_programs_deadline(
+    monkeypatch: pytest.MonkeyPatch, given: tuple[str, ...], expected: float
+) -> None:
+    """``LIFEGUARD_DEADLINE=20 lifeguard run``: the program had 20 s, the supervisor's clean-up
+    after it 10, as its help said whatever the variable said."""
+    from lifeguard.guardian import supervisor
+
+    seen: list[float | None] = []
+    monkeypatch.setattr(supervisor, "supervise", lambda cmd, deadline: seen.append(deadline) or 0)
+    monkeypatch.setenv("LIFEGUARD_DEADLINE", "20")
+    assert cli.main(["run", *given, "--", "true"]) == 0
+    assert seen == [expected]
