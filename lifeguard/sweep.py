@@ -148,6 +148,8 @@ def check_tracking_uri(uri: str) -> str | None:
     except ValueError as exc:
         return f"not a URI ({exc})"
     scheme = parts.scheme.lower()
+    if scheme in _SCHEMES and "://" not in uri:  # file:/PATH: a scheme, one slash short
+        return f"write the {scheme} URI with its slashes, e.g. {scheme}:///PATH or {scheme}://HOST"
     if not scheme or "://" not in uri:
         return "not a URI: give a scheme, e.g. http://HOST:PORT, sqlite:///PATH, file:///PATH"
     base = scheme.split("+", 1)[0]

@@ -474,6 +474,7 @@ def test_no_secret_from_a_sweep_of_a_dead_or_refusing_server(
         ("foo://bar", "unknown scheme 'foo'"),
         ("not a uri", "not a URI"),
         ("mlruns", "give a scheme"),
+        ("file:/tmp/mlruns", "write the file URI with its slashes, e.g. file:///PATH"),
         ("http://", "needs a host"),
         ("http://host:99999", "not a URI"),
         (f"gopher://{AUTH}@host", "unknown scheme 'gopher'"),
