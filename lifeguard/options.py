@@ -237,10 +237,10 @@ def parse_seconds(value: object, origin: str, *, zero: bool = False) -> float:
     seconds = _NAN
     if isinstance(value, str):
         seconds = _decimal(value)
-    elif isinstance(value, (int, float)):
+    elif not isinstance(value, (bytes, bytearray)):  # a number: int, float, numpy's, Decimal
         try:
-            seconds = float(value)
-        except OverflowError:  # an int such as 10**400
+            seconds = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError, OverflowError):  # OverflowError: 10**400
             pass
     # nan (given, or from the cases above) fails every comparison, so it fails this one too.
     low_ok = seconds >= 0 if zero else seconds > 0
