@@ -279,6 +279,10 @@ def _parse_trackers(value: object, origin: str) -> tuple[str, ...]:
     else:
         raise TypeError(f"{origin} must be tracker names, not {type(value).__name__}")
     names: list[str] = []
+    words = [item.strip().lower() for item in items if isinstance(item, str)]
+    if "none" in words and len(words) > 1:
+        # "none,wandb" became wandb alone: one of the two words was not meant.
+        raise ValueError(f"{origin}: none (no tracker) given together with others: {value!r}")
     for item in items:
         if not isinstance(item, str):
             raise TypeError(f"{origin}: {item!r} is not a tracker name")
@@ -464,7 +468,8 @@ def warn_unknown_variables(environ: Mapping[str, str] | None = None) -> list[str
     # Compared without the prefix, which every name shares and which would make any two close.
     known = {name[len(_PREFIX) :]: name for name in VARIABLES}
     for name in unknown:
-        close = difflib.get_close_matches(name[len(_PREFIX) :], known, n=1, cutoff=0.75)
+        # Upper case: LIFEGUARD_deadline is a variable of its own, meant as the one in capitals.
+        close = difflib.get_close_matches(name[len(_PREFIX) :].upper(), known, n=1, cutoff=0.75)
         meant = f" (did you mean {known[close[0]]}?)" if close else ""
         logger().warning(
             "unknown environment variable %s%s: ignored; lifeguard's variables are listed in "

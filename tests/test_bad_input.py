@@ -821,3 +821,21 @@ def test_run_gives_its_own_clean_up_the_programs_deadline(
     monkeypatch.setenv("LIFEGUARD_DEADLINE", "20")
     assert cli.main(["run", *given, "--", "true"]) == 0
     assert seen == [expected]
+
+
+def test_none_is_no_tracker_only_alone() -> None:
+    """``trackers="none,wandb"`` quietly became wandb alone."""
+    assert Options.from_kwargs({"trackers": "none"}, environ={}).trackers == ()
+    for value in ("none,wandb", ["wandb", "None"]):
+        with pytest.raises(ValueError, match="none \\(no tracker\\) given together with others"):
+            Options.from_kwargs({"trackers": value}, environ={})
+
+
+def test_a_variable_in_small_letters_is_told_the_one_in_capitals(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level("WARNING", logger="lifeguard"):
+        assert _options.warn_unknown_variables({"LIFEGUARD_deadline": "5"}) == [
+            "LIFEGUARD_deadline"
+        ]
+    assert "(did you mean LIFEGUARD_DEADLINE?)" in caplog.text
