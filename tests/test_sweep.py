@@ -532,18 +532,20 @@ def test_sweep_state_damaged_for_one_server_is_forgotten_for_it_alone(
 
 
 def test_a_store_that_cannot_be_opened_is_one_line(tmp_path: Path) -> None:
-    """A file that is no database (or a driver not installed): exit 1 with one line naming the
-    store, and valid JSON with --json, never a traceback."""
+    """A file that is no database: a usage error at the start, exit 2 with one line naming the
+    store, and valid JSON with --json, never a traceback (tests/test_bad_input.py has the
+    other files that are no MLflow store)."""
     bogus = tmp_path / "notes.db"
     bogus.write_text("not a database " * 100)
     uri = f"sqlite:///{bogus}"
+    says = f"--tracking-uri '{uri}': cannot be read as a database (file is not a database)"
     done = lifeguard_cli("sweep", "--tracking-uri", uri, "--journal-dir", str(tmp_path / "j"))
-    assert done.returncode == 1, done.stdout + done.stderr
-    assert "Traceback" not in done.stderr and f"cannot open {uri}" in done.stderr, done.stderr
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.splitlines() == [f"lifeguard sweep: {says}: {bogus}"], done.stderr
     done = lifeguard_cli("sweep", "--tracking-uri", uri, "--json",
                          "--journal-dir", str(tmp_path / "j"))  # fmt: skip
-    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
-    assert "cannot open" in json.loads(done.stdout)["error"]
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert says in json.loads(done.stdout)["error"]
 
 
 @pytest.mark.parametrize("where", ["sqlite", "rest"])
