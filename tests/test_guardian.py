@@ -183,15 +183,15 @@ def _read_to_the_end(fd: int) -> bytes:
             data.extend(chunk)
 
 
-KILLS_ITS_WATCHDOG = """
-import os, select, signal, sys, time
+# A program whose watchdog is SIGKILLed (the OOM killer, a person's `pkill`) and gone.
+WATCHDOG_KILLED = """
+import ctypes, os, select, signal, sys, time
 # A tool piped into `head` takes SIGPIPE's default action back, so that a closed pipe ends it
 # quietly: a write to a pipe nobody reads then kills it.
 signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 import lifeguard
 lifeguard.install(watchdog=True)
 import mlflow
-run = mlflow.start_run()
 os.kill(lifeguard.watchdog_pid(), signal.SIGKILL)
 # Its end of the pipe is closed once it is dead: the program's end then polls POLLERR.
 poller = select.poll()
@@ -199,6 +199,10 @@ poller.register(lifeguard.api.current().channel.fd, select.POLLOUT)
 give_up = time.monotonic() + 60
 while not any(events & select.POLLERR for _, events in poller.poll(1000)):
     assert time.monotonic() < give_up, "the watchdog's end of the pipe stayed open"
+"""
+
+KILLS_ITS_WATCHDOG = WATCHDOG_KILLED + """
+run = mlflow.start_run()
 mlflow.log_metric("loss", 0.5)
 print(run.info.run_id, flush=True)
 sys.exit(0)  # at exit, "done" goes to the dead watchdog
@@ -223,18 +227,7 @@ def test_a_killed_watchdog_never_kills_the_program_by_sigpipe(store: Store) -> N
     assert run.data.tags["lifeguard.ended_by"] == "process"
 
 
-CRASHES_AFTER_ITS_WATCHDOG = """
-import ctypes, os, select, signal, sys, time
-signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-import lifeguard
-lifeguard.install(watchdog=True)
-import mlflow
-os.kill(lifeguard.watchdog_pid(), signal.SIGKILL)
-poller = select.poll()
-poller.register(lifeguard.api.current().channel.fd, select.POLLOUT)
-give_up = time.monotonic() + 60
-while not any(events & select.POLLERR for _, events in poller.poll(1000)):
-    assert time.monotonic() < give_up, "the watchdog's end of the pipe stayed open"
+CRASHES_AFTER_ITS_WATCHDOG = WATCHDOG_KILLED + """
 mlflow.start_run()  # its store goes to the dead watchdog: a line that finds it gone
 ctypes.string_at(0)
 """
