@@ -201,12 +201,15 @@ while not any(events & select.POLLERR for _, events in poller.poll(1000)):
     assert time.monotonic() < give_up, "the watchdog's end of the pipe stayed open"
 """
 
-KILLS_ITS_WATCHDOG = WATCHDOG_KILLED + """
+KILLS_ITS_WATCHDOG = (
+    WATCHDOG_KILLED
+    + """
 run = mlflow.start_run()
 mlflow.log_metric("loss", 0.5)
 print(run.info.run_id, flush=True)
 sys.exit(0)  # at exit, "done" goes to the dead watchdog
 """
+)
 
 
 def test_a_killed_watchdog_never_kills_the_program_by_sigpipe(store: Store) -> None:
@@ -227,10 +230,13 @@ def test_a_killed_watchdog_never_kills_the_program_by_sigpipe(store: Store) -> N
     assert run.data.tags["lifeguard.ended_by"] == "process"
 
 
-CRASHES_AFTER_ITS_WATCHDOG = WATCHDOG_KILLED + """
+CRASHES_AFTER_ITS_WATCHDOG = (
+    WATCHDOG_KILLED
+    + """
 mlflow.start_run()  # its store goes to the dead watchdog: a line that finds it gone
 ctypes.string_at(0)
 """
+)
 
 
 def test_a_crash_after_the_watchdog_was_killed_is_still_the_crash(store: Store) -> None:
