@@ -34,6 +34,7 @@ from lifeguard.journaldir import (
     Untrusted,
     default_dir,
     location,
+    not_private,
     read_private,
     replay_due,
     replay_started,
@@ -293,6 +294,7 @@ class Journal:
             why = untrusted_directory(self._private_root)
             if why is not None:
                 raise JournalError(f"{self._private_root} {why}")
+        existed = os.path.lexists(self.directory)
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
         st = os.lstat(self.directory)
         if not stat.S_ISDIR(st.st_mode):
@@ -302,7 +304,11 @@ class Journal:
                 f"journal directory {self.directory} belongs to uid {st.st_uid}, not to us "
                 f"(uid {os.getuid()}); refusing to write statuses there"
             )
-        if stat.S_IMODE(st.st_mode) != 0o700:
+        mode = stat.S_IMODE(st.st_mode)
+        if mode != 0o700:
+            why = not_private(self.directory, mode) if existed else None
+            if why is not None:
+                raise JournalError(f"journal directory {self.directory} {why}")
             os.chmod(self.directory, 0o700)  # makedirs honours the umask; tighten it
         return self.directory
 

@@ -22,6 +22,7 @@ __all__ = [
     "Untrusted",
     "default_dir",
     "location",
+    "not_private",
     "read_private",
     "replay_due",
     "replay_started",
@@ -134,6 +135,19 @@ def default_dir() -> str:
     the temporary directory's). A container's user often has no home, or a read-only one:
     nothing is created under a home that does not exist. Looks, creates nothing."""
     return location()[0]
+
+
+def not_private(directory: str, mode: int) -> str | None:
+    """Why lifeguard must not make the existing ``directory`` (``mode``) its private one, if it
+    must not: only a directory lifeguard names itself (``.../lifeguard/journal``, the default
+    places) is tightened to 0700. Any other (a shared results directory, a home, /proc as root)
+    is someone's: chmod 700 took it from everyone else, without a word."""
+    if not mode & 0o7077 or directory.rstrip(os.sep).endswith(os.path.join("lifeguard", "journal")):
+        return None
+    return (
+        f"is mode {mode:04o}: lifeguard keeps statuses private (0700) and never changes a "
+        "directory it did not make; chmod 700 it, or name one that does not exist yet"
+    )
 
 
 def location() -> tuple[str, str | None]:

@@ -343,8 +343,12 @@ def check_directory(path: str) -> str | None:
     nothing."""
     if os.path.lexists(path):
         from lifeguard.journal import untrusted_directory
+        from lifeguard.journaldir import not_private
 
-        return untrusted_directory(path)
+        why = untrusted_directory(path)
+        if why is None and os.path.isdir(path):
+            why = not_private(path, os.stat(path).st_mode & 0o7777)
+        return why
     parent = os.path.dirname(os.path.abspath(path))
     while not os.path.lexists(parent):  # under a file, lexists says False too: go on up
         parent = os.path.dirname(parent)
@@ -410,7 +414,8 @@ _TRACKERS_ACCEPTED = (
     "tracker names, comma-separated (wandb,tensorboard), default (the default set) or none"
 )
 DIRECTORY_ACCEPTED = (
-    "a directory of the current user's that others cannot write to, or a path where one can be made"
+    "a directory of the current user's that only they can use (0700), or a path where one can be "
+    "made"
 )
 _CHANNEL_ACCEPTED = "FD:INODE:ROLE, as lifeguard sets it for the processes it starts"
 

@@ -431,7 +431,7 @@ def test_a_sweep_refuses_a_journal_directory_that_is_a_file_before_it_starts(
     assert given.returncode == 2, given.stderr
     assert given.stderr.splitlines() == [
         f"lifeguard sweep: --journal-dir {file} is not a directory; it must be a directory "
-        "of the current user's that others cannot write to, or a path where one can be made"
+        "of the current user's that only they can use (0700), or a path where one can be made"
     ]
     env = {**_base_env(), "LIFEGUARD_JOURNAL_DIR": str(file / "journal")}
     from_env = lifeguard_cold("sweep", "--tracking-uri", uri, env=env)
@@ -839,3 +839,44 @@ def test_a_variable_in_small_letters_is_told_the_one_in_capitals(
             "LIFEGUARD_deadline"
         ]
     assert "(did you mean LIFEGUARD_DEADLINE?)" in caplog.text
+
+
+@pytest.mark.parametrize("mode", [0o755, 0o555, 0o2755, 0o750])
+def test_an_existing_directory_is_never_made_private_behind_its_owners_back(
+    tmp_path: Path, mode: int
+) -> None:
+    """helper-15: an existing directory named as the journal's (a shared results directory, a
+    home, /proc as root) was chmod'ed 0700 at the first run ending, setgid bit dropped, without a
+    word. It is refused where it is given now, and the journal never changes its mode."""
+    from lifeguard.journal import Journal, JournalError
+
+    shared = tmp_path / "results"
+    shared.mkdir()
+    shared.chmod(mode)
+    says = f"{shared} is mode {mode:04o}: lifeguard keeps statuses private (0700)"
+    try:
+        with pytest.raises(ValueError) as error:
+            Options.from_kwargs({}, environ={"LIFEGUARD_JOURNAL_DIR": str(shared)})
+        assert says in str(error.value)
+        with pytest.raises(JournalError, match=re.escape(says)):
+            Journal(str(shared)).ensure()
+        result = lifeguard_cold(
+            "sweep", "--dry-run", "--tracking-uri", "sqlite:////nonexistent/mlflow.db",
+            "--journal-dir", str(shared),
+        )  # fmt: skip
+        assert result.returncode == 2
+        assert says in result.stderr
+        assert shared.stat().st_mode & 0o7777 == mode
+    finally:
+        shared.chmod(0o755)
+
+
+def test_a_directory_lifeguard_names_itself_is_still_tightened(tmp_path: Path) -> None:
+    """``~/.cache/lifeguard/journal`` made 0755 by an older lifeguard, or under a loose umask."""
+    from lifeguard.journal import Journal
+
+    own = tmp_path / "cache" / "lifeguard" / "journal"
+    own.mkdir(parents=True)
+    own.chmod(0o755)
+    Journal(str(own)).ensure()
+    assert own.stat().st_mode & 0o7777 == 0o700

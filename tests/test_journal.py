@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from lifeguard.journal import ABANDONED_AFTER, Entry, Journal, redact_uri
+from lifeguard.journal import ABANDONED_AFTER, Entry, Journal, JournalError, redact_uri
 from lifeguard.owner import Owner
 from tests.conftest import CHILD_TIMEOUT, Store, child_env, sweep
 
@@ -36,11 +36,20 @@ def test_files_are_private_and_the_directory_too(tmp_path: Path) -> None:
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
 
 
-def test_an_existing_loose_directory_is_tightened(tmp_path: Path) -> None:
+def test_an_existing_loose_directory_is_tightened_only_if_lifeguard_names_it(
+    tmp_path: Path,
+) -> None:
+    """Another one is someone's (a results directory, a home): refused, never changed
+    (tests/test_bad_input.py has where it is given)."""
+    own = tmp_path / "lifeguard" / "journal"
+    own.mkdir(parents=True, mode=0o755)
+    Journal(str(own)).write(entry())
+    assert stat.S_IMODE(own.stat().st_mode) == 0o700
     loose = tmp_path / "j"
     loose.mkdir(mode=0o755)
-    Journal(str(loose)).write(entry())
-    assert stat.S_IMODE(loose.stat().st_mode) == 0o700
+    with pytest.raises(JournalError, match="is mode 0755"):
+        Journal(str(loose)).write(entry())
+    assert stat.S_IMODE(loose.stat().st_mode) == 0o755
 
 
 @pytest.mark.parametrize(
