@@ -252,13 +252,11 @@ def _connect_guardian(lifecycle: Lifecycle) -> None:
             global _faulthandler_ours
             faulthandler.enable(file=channel.fd, all_threads=False)
             _faulthandler_ours = True
-            channel.on_gone = _watchdog_gone
 
 
-def _watchdog_gone() -> None:
-    """A line to the watchdog found it gone (killed): a crash must no longer be written to its
-    pipe. That write would raise SIGPIPE in the crashing thread, and a program that takes
-    SIGPIPE's default action would die of it instead of its crash (exit 141, not 139)."""
+def _faulthandler_off() -> None:
+    """The watchdog's pipe is closing: faulthandler, if lifeguard enabled it, writes no more to
+    it (the fd may be reused by the program's next open)."""
     global _faulthandler_ours
     if _faulthandler_ours:
         import faulthandler
@@ -320,7 +318,7 @@ def _stand_the_sidecar_down(lifecycle: Lifecycle) -> None:
     channel = lifecycle.channel
     if channel is None or channel is not _sidecar:
         return
-    _watchdog_gone()  # faulthandler writes to that pipe: no more
+    _faulthandler_off()
     channel.send("done")
     channel.close()
     lifecycle.channel = None

@@ -39,7 +39,6 @@ from lifeguard.names import GUARDIAN_ENV
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import signal as _signal
-    from collections.abc import Callable
 else:
     import _signal  # not signal: it pulls in enum and functools (lifeguard/signals.py)
 
@@ -62,13 +61,15 @@ FATAL_PREFIX = "Fatal Python error: "
 class Channel:
     """The program's end of the pipe."""
 
-    def __init__(self, fd: int, role: str) -> None:
+    def __init__(self, fd: int, role: str, held_read_fd: int | None = None) -> None:
         self.fd = fd
         self.role = role
+        # A read end of the same pipe, kept open by the program (the watchdog's channel): with a
+        # reader always there, no write to the pipe can raise SIGPIPE, even once the guardian is
+        # dead, and faulthandler's report of a crash cannot turn the crash into a SIGPIPE death.
+        self.held_read_fd = held_read_fd
         self._announced: int | None = None  # the pid whose ``owner`` line was sent
         self._sent_uris: set[str] = set()
-        # Called once, when a write finds the guardian gone (its end of the pipe closed).
-        self.on_gone: Callable[[], object] | None = None
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | os._Environ[str] | None = None) -> Channel | None:
@@ -108,11 +109,6 @@ class Channel:
         try:
             os.set_blocking(self.fd, False)
             return _write_unsignalled(self.fd, data) == len(data)
-        except BrokenPipeError:
-            on_gone, self.on_gone = self.on_gone, None
-            if on_gone is not None:
-                on_gone()
-            return False
         except OSError:
             return False
 
@@ -138,10 +134,14 @@ class Channel:
         return self.send("defer-at", f"{redact_uri(uri)} {' '.join(run_ids)}")
 
     def close(self) -> None:
-        try:
-            os.close(self.fd)
-        except OSError:
-            pass
+        for fd in (self.fd, self.held_read_fd):
+            if fd is None:
+                continue
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.held_read_fd = None
 
 
 _PIPE_BUF = 4096  # POSIX guarantees atomic pipe writes of at least 512; Linux gives 4096

@@ -48,6 +48,7 @@ def start(deadline: float) -> tuple[Channel, int]:
     from lifeguard._fds import pipe
 
     read_fd, write_fd = pipe()
+    started = False
     try:
         launcher = subprocess.Popen(
             [
@@ -71,9 +72,15 @@ def start(deadline: float) -> tuple[Channel, int]:
         pid = int(launcher.stdout.readline() or 0)
         launcher.stdout.close()
         launcher.wait()
+        started = True
     finally:
-        os.close(read_fd)
-    return Channel(write_fd, WATCHDOG), pid
+        if not started:
+            os.close(read_fd)
+            os.close(write_fd)
+    # The program keeps a read end too (Channel.held_read_fd): its writes, faulthandler's
+    # included, never meet a pipe without a reader, so a killed watchdog can never make a
+    # program that takes SIGPIPE's default action die of it.
+    return Channel(write_fd, WATCHDOG, held_read_fd=read_fd), pid
 
 
 def _detach() -> None:
