@@ -107,12 +107,11 @@ def install(**options: object) -> None:
             from lifeguard.backends.mlflow.finalizer import preload_the_signal_path
 
             preload_the_signal_path()
-            if parsed.heartbeat > 0:
-                # A program that only resumes a run (no new run, so no context-provider call)
-                # still needs the heartbeat that adopts it.
-                from lifeguard.backends.mlflow.heartbeat import start_for
+            # A program that only resumes a run (no new run, so no context-provider call) still
+            # needs the heartbeat thread that adopts it: heartbeats off, it only adopts.
+            from lifeguard.backends.mlflow.heartbeat import start_for
 
-                start_for(parsed.heartbeat)
+            start_for(parsed.heartbeat)
 
 
 def _configured(options: dict[str, object]) -> bool:

@@ -224,10 +224,14 @@ def test_a_run_resumed_on_another_store_ends_there(
     assert "not found" not in result.stderr, result.stderr
 
 
-def test_a_requeued_job_s_replay_leaves_the_run_it_resumed_alone(store: Store) -> None:
+@pytest.mark.parametrize("heartbeat", ["default", "off"])
+def test_a_requeued_job_s_replay_leaves_the_run_it_resumed_alone(
+    store: Store, heartbeat: str
+) -> None:
     """Job 1 journaled KILLED and died before writing it; job 2 (the requeue) resumes the run.
     Job 2's own install() replays the journal in the background: before, the replay ended the
-    live resumed run KILLED, and "never overwrite" then kept that over job 2's FINISHED."""
+    live resumed run KILLED, and "never overwrite" then kept that over job 2's FINISHED. With
+    heartbeats off (helper-15) the run was never adopted, and so it still went."""
     from lifeguard.journal import Entry, Journal
     from tests.conftest import wait_gone
 
@@ -249,7 +253,13 @@ def test_a_requeued_job_s_replay_leaves_the_run_it_resumed_alone(store: Store) -
 
     result = run_child(
         [sys.executable, "-c", RESUME_ELSEWHERE],
-        env=child_env(store, RESUME_URI=store.uri, RESUME_RUN_ID=run_id, ENDING="exit0"),
+        env=child_env(
+            store,
+            RESUME_URI=store.uri,
+            RESUME_RUN_ID=run_id,
+            ENDING="exit0",
+            TEST_INSTALL=json.dumps({"heartbeat": 0} if heartbeat == "off" else {}),
+        ),
         after_ready=after_the_replay,
         timeout=CHILD_TIMEOUT,
     )

@@ -67,7 +67,10 @@ class Heartbeat:
         self._telling = threading.Lock()
 
     def ensure_started(self) -> None:
-        if self.interval <= 0 or self._stop.is_set():
+        """Start the thread. With heartbeats off (interval 0) it only adopts the runs this
+        process resumes (see adopt): an earlier owner's journaled ending must not be written
+        over a run that lives on here."""
+        if self._stop.is_set():
             return
         if self._thread is not None and self._pid == os.getpid():
             return
@@ -94,14 +97,14 @@ class Heartbeat:
     def _run(self) -> None:
         take_no_signals()
         last = time.monotonic()
-        while not self._stop.wait(min(ADOPT_EVERY, self.interval)):
+        while not self._stop.wait(min(ADOPT_EVERY, self.interval or ADOPT_EVERY)):
             # The interval is read at each wake-up: the program's own install(heartbeat=...) may
             # shorten it after `lifeguard run` started this thread with the default.
-            if time.monotonic() >= last + self.interval:
+            if self.interval > 0 and time.monotonic() >= last + self.interval:
                 last = time.monotonic()
                 self.beat()
             elif self._resumed_runs():
-                self.beat()
+                self.beat() if self.interval > 0 else self.adopt()
 
     def _resumed_runs(self) -> list[object]:
         """Active runs this process would end whose owner tags name another process. Memory
@@ -156,30 +159,7 @@ class Heartbeat:
                     clients[uri] = MlflowClient(tracking_uri=uri)
                 return clients[uri]
 
-            resumed = self._resumed_runs()
-            if resumed:
-                from mlflow.entities import RunTag
-
-                # With the owner: a preemption warning that came before the resume.
-                tags = {
-                    **Owner.current().tags(),
-                    TAG_HEARTBEAT_INTERVAL: f"{self.interval:g}",
-                    **active.extra_tags(),
-                }
-                owner_tags = [RunTag(k, v) for k, v in tags.items()]
-                for run in resumed:
-                    run_id = run.info.run_id  # type: ignore[attr-defined]
-                    # Resumed where the program points now: that is the store it resumed in.
-                    # The guardian hears of it too: a program that only resumes runs never
-                    # announced a store at start_run.
-                    store = stores.current()
-                    stores.note_resumed(run_id, store)
-                    _announce(store, getattr(run.info, "experiment_id", None))  # type: ignore[attr-defined]
-                    client.log_batch(run_id, tags=owner_tags)
-                    _resume_again(client, run_id)
-                    _claim_resume(client, run_id)
-                    self._adopted.add(run_id)
-                    logger().debug("adopted resumed run %s", run_id)
+            self._adopt(client)
             store_of = stores.of_active_runs(fluent)
             stamp = str(now_ms())
             fluent_runs = owned_active_runs(fluent)
@@ -210,6 +190,55 @@ class Heartbeat:
                 logger().info("heartbeat recovered")
             self._failing = False
         return beaten
+
+    def adopt(self) -> None:
+        """Heartbeats off: only take over the runs this process resumed (their owner tags), so
+        that an earlier owner's ending, journaled and replayed by a later ``install()``, is not
+        written over a run that lives on here (the replay leaves a run alone once its owner
+        tags name another live process: owner.adopted_since). No beat is stamped."""
+        if sys.modules.get("mlflow.tracking.fluent") is None:
+            return
+        from mlflow.tracking import MlflowClient
+
+        try:
+            self._adopt(MlflowClient())
+        except Exception as exc:  # noqa: BLE001 - as a beat: never hurt the program
+            if not self._failing:
+                logger().warning("adopting a resumed run failed (will retry): %s", exc)
+            self._failing = True
+        else:
+            self._failing = False
+
+    def _adopt(self, client: MlflowClient) -> None:
+        """Write this process's owner tags on the runs it resumed, and mark them its own."""
+        resumed = self._resumed_runs()
+        if not resumed:
+            return
+        from mlflow.entities import RunTag
+
+        from lifeguard.backends.mlflow import stores
+        from lifeguard.owner import Owner
+
+        # With the owner: a preemption warning that came before the resume.
+        tags = {
+            **Owner.current().tags(),
+            TAG_HEARTBEAT_INTERVAL: f"{self.interval:g}",
+            **active.extra_tags(),
+        }
+        owner_tags = [RunTag(k, v) for k, v in tags.items()]
+        for run in resumed:
+            run_id = run.info.run_id  # type: ignore[attr-defined]
+            # Resumed where the program points now: that is the store it resumed in. The
+            # guardian hears of it too: a program that only resumes runs never announced a
+            # store at start_run.
+            store = stores.current()
+            stores.note_resumed(run_id, store)
+            _announce(store, getattr(run.info, "experiment_id", None))  # type: ignore[attr-defined]
+            client.log_batch(run_id, tags=owner_tags)
+            _resume_again(client, run_id)
+            _claim_resume(client, run_id)
+            self._adopted.add(run_id)
+            logger().debug("adopted resumed run %s", run_id)
 
     def _tell_watchdog(self, by_store: dict[str, list[str]]) -> None:
         """Tell a watchdog which runs just beat, so that it can beat for them while this
@@ -323,6 +352,7 @@ heartbeat = Heartbeat(0.0)
 
 
 def start_for(interval: float) -> None:
+    """Beat every ``interval`` seconds; 0: no beats, but resumed runs are still adopted."""
     if interval > 0:
         heartbeat.interval = interval
-        heartbeat.ensure_started()
+    heartbeat.ensure_started()
