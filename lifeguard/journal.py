@@ -41,6 +41,7 @@ from lifeguard.journaldir import (
     replay_wanted,
     run_of_temporary,
     untrusted_directory,
+    write_whole,
 )
 from lifeguard.names import TAG_ENDED_BY
 from lifeguard.redact import redact_uri
@@ -335,12 +336,7 @@ class Journal:
         _note_kept(path)
         tmp = f"{path}.{os.getpid()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        try:
-            # The mode replay insists on, whatever the umask made of 0600 above.
-            os.fchmod(fd, 0o600)
-            os.write(fd, entry.to_json().encode())
-        finally:
-            os.close(fd)
+        write_whole(fd, tmp, entry.to_json().encode())
         os.replace(tmp, path)
         entry.path = path
         return path

@@ -29,6 +29,7 @@ __all__ = [
     "replay_wanted",
     "run_of_temporary",
     "untrusted_directory",
+    "write_whole",
 ]
 
 SUFFIX = ".json"
@@ -260,12 +261,30 @@ def replay_started(directory: str) -> None:
     tmp = f"{path}.{os.getpid()}.tmp"
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK
     fd = os.open(tmp, flags | getattr(os, "O_CLOEXEC", 0), 0o600)
+    write_whole(fd, tmp, f"{time.time()!r}\n".encode())  # full precision: read back as is
+    os.replace(tmp, path)  # whatever was planted there (a FIFO, a symlink) is replaced
+
+
+def write_whole(fd: int, tmp: str, data: bytes) -> None:
+    """Write ``data`` to the new file ``tmp`` (open as ``fd``, closed here), mode 0600, or
+    remove it and raise: a write that fails (a full or read-only file system) left an empty
+    or cut file behind, which a later replay set aside as corrupt (a "corrupt" line for a
+    status that had been written after all)."""
+    done = False
     try:
+        # The mode replay insists on, whatever the umask made of 0600.
         os.fchmod(fd, 0o600)
-        os.write(fd, f"{time.time()!r}\n".encode())  # full precision: read back as is
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        done = True
     finally:
         os.close(fd)
-    os.replace(tmp, path)  # whatever was planted there (a FIFO, a symlink) is replaced
+        if not done:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
 
 
 def replay_wanted(directory: str) -> None:

@@ -586,3 +586,31 @@ def test_a_writer_no_system_call_can_check_is_unknown_not_fatal(tmp_path: Path, 
     _private(tmp_path / ("4" * 32 + ".json"), json.dumps(damaged))
     [read] = list(journal.entries())
     assert read.writer is None and read.writer_alive() is None
+
+
+@pytest.mark.parametrize("what", ["an entry", "the replay's stamp"])
+def test_a_write_that_fails_leaves_no_file_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, what: str
+) -> None:
+    """helper-15, on a full file system (ENOSPC) or a read-only one: each failed write left an
+    empty ``.tmp`` file, which a later replay set aside as "corrupt" for a status written after
+    all. The failure (a mock of ``os.write`` here: a unit) still raises; nothing stays."""
+    import errno
+
+    from lifeguard import journaldir
+
+    directory = tmp_path / "journal"
+    journal = Journal(str(directory))
+    journal.ensure()
+
+    def full(fd: int, data: bytes) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", full)
+    with pytest.raises(OSError, match="No space left"):
+        if what == "an entry":
+            journal.write(entry())
+        else:
+            journaldir.replay_started(str(directory))
+    monkeypatch.undo()
+    assert sorted(p.name for p in directory.iterdir()) == []
