@@ -174,7 +174,8 @@ def last_gasp(args: Sequence[str]) -> int:
     if not _wait_for_exits(writer, wait_fds, give_up):
         _say(
             _logger(directory),
-            f"pid {writer} still ran after the replayer's bound of {bound:g} s; "
+            f"pid {writer}, or a guardian of its that holds its statuses, still ran after the "
+            f"replayer's bound of {bound:g} s; "
             f"its journaled statuses stay in {directory} for the next "
             "lifeguard.install() on this machine or `lifeguard sweep`",
         )
