@@ -305,3 +305,41 @@ def test_uninstall_stands_the_watchdog_down(store: Store) -> None:
     run = store.run(ready["run_id"])
     assert run.info.status == "RUNNING"
     assert "lifeguard.ended_by" not in run.data.tags
+
+
+def test_a_stopped_watchdog_holds_no_reader_of_the_programs_stderr(
+    store: Store, tmp_path: Path
+) -> None:
+    """helper-15: a watchdog stopped (SIGSTOP, a debugger) before the program died never got
+    to let go of the program's stderr, and ``subprocess.run(capture_output=True)`` waited for
+    its end of file until the watchdog was sent SIGCONT (15 minutes, in the helper's harness).
+    The watchdog lets go of a pipe at its start now; once going again, it ends the run."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WATCHED],
+        env=child_env(store),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    watchdog = None
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        line = proc.stdout.readline().decode()
+        assert line.startswith("LIFEGUARD-READY "), line + proc.stderr.read().decode()
+        ready = json.loads(line.split(" ", 1)[1])
+        watchdog = ready["watchdog"]
+        os.kill(watchdog, signal.SIGSTOP)
+        os.kill(ready["pid"], signal.SIGKILL)
+        assert proc.wait(CHILD_TIMEOUT) == -signal.SIGKILL
+        assert _read_to_the_end(proc.stderr.fileno()) == b""
+        still = proc_stat(watchdog)
+        assert still is not None and still[0] == "T", "the end of file came only with the watchdog"
+    finally:
+        proc.kill()
+        proc.wait()
+        if watchdog is not None:
+            os.kill(watchdog, signal.SIGCONT)
+            wait_gone(watchdog, CHILD_TIMEOUT)
+    run = store.run(ready["run_id"])
+    assert run.info.status == "KILLED"
+    assert run.data.tags["lifeguard.ended_by"] == "watchdog"

@@ -611,22 +611,21 @@ def _deferred_work(
     return work
 
 
-def _let_go_of_the_programs_stderr() -> None:
-    """The program is dead and all it said is read: its stderr is no longer the watchdog's to
-    hold. A pipe held open here (``| tee``, ``subprocess.run(capture_output=True)``) would keep
-    its reader from the end of file for as long as the runs take to end; a file or a terminal,
-    which nobody waits on, stays. What the watchdog has to say then goes to the journal
-    directory's log, as the replayer's does."""
+def _let_go_of_the_programs_stderr() -> bool:
+    """At the watchdog's start: the program's stderr is not the watchdog's to hold where a
+    reader waits on it. A pipe held open here (``| tee``, ``subprocess.run(capture_output=True)``)
+    would keep its reader from the end of file for as long as the runs take to end, and for
+    ever from a watchdog that was stopped (SIGSTOP) before it could let go at the death. A file
+    or a terminal, which nobody waits on, stays. Returns whether it let go: what the watchdog
+    has to say then goes to the journal directory's log, as the replayer's does."""
     from lifeguard._fds import a_reader_waits_on
 
     if not a_reader_waits_on(2):
-        return
-    from lifeguard.guardian.logfile import log_to_the_journal_directory
-
-    log_to_the_journal_directory()
+        return False
     null = os.open(os.devnull, os.O_WRONLY)
     os.dup2(null, 2)
     os.close(null)
+    return True
 
 
 def main(argv: list[str]) -> int:
@@ -636,11 +635,15 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _detach()
+    let_go = _let_go_of_the_programs_stderr()
     evidence, died_at = watch(read_fd, parent)
     pending = evidence.pending()
     if not pending:
         return 0  # the program finalized itself, or never started a run: nothing to import
-    _let_go_of_the_programs_stderr()
+    if let_go:
+        from lifeguard.guardian.logfile import log_to_the_journal_directory
+
+        log_to_the_journal_directory()
     # The program is dead (its pidfd said so). Anyone else who wrote to the channel (none
     # should: a forked child closes it) is ended only if verifiably dead too.
     others, _ = dead_or_unknown(evidence, [pid for pid in pending if pid != parent])
