@@ -15,7 +15,15 @@ import pytest
 
 from lifeguard import demo
 from lifeguard.demo import proc_stat
-from tests.conftest import CHILD_TIMEOUT, Scenario, Store, _base_env, child_env, wait_gone
+from tests.conftest import (
+    CHILD_TIMEOUT,
+    SEEN_APART_MS,
+    Scenario,
+    Store,
+    _base_env,
+    child_env,
+    wait_gone,
+)
 from tests.servers import FaultProxy, MlflowServer
 
 pytestmark = pytest.mark.slow
@@ -49,8 +57,12 @@ def test_watchdog_ends_the_run(scenario: Scenario, store: Store, path: str) -> N
     [run_id] = result.ready["run_ids"]
     run = store.run(run_id)
     assert run.info.status == status
-    # The end time is the moment of death, not when the watchdog got round to writing it.
-    assert run.info.end_time is not None and run.info.start_time <= run.info.end_time <= died
+    # The end time is the moment of death, not when the watchdog got round to writing it (an
+    # import of mlflow and a write later: seconds). The watchdog and this test see the death
+    # each on its own; on a loaded machine the watchdog may be scheduled a moment after the
+    # test took ``died`` (seen once in a run of the suite beside CI's), hence the slack.
+    assert run.info.end_time is not None
+    assert run.info.start_time <= run.info.end_time <= died + SEEN_APART_MS
     if path in IN_PROCESS:
         assert run.data.tags["lifeguard.ended_by"] == "process"
         assert scenario.calls() == [(result.ready["pid"], status)]
@@ -110,7 +122,7 @@ def test_a_store_locked_at_the_death_is_waited_for_within_the_deadline(
     [run_id] = result.ready["run_ids"]
     run = store.run(run_id)
     assert run.info.status == "KILLED"
-    assert run.info.end_time is not None and run.info.end_time <= died
+    assert run.info.end_time is not None and run.info.end_time <= died + SEEN_APART_MS
     assert run.data.tags["lifeguard.ended_by"] == "watchdog"
 
 

@@ -18,7 +18,15 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from lifeguard.demo import ChildResult, run_child
-from tests.conftest import CHILD_TIMEOUT, CHILDREN, Store, child_env, wait_blocked, wait_gone
+from tests.conftest import (
+    CHILD_TIMEOUT,
+    CHILDREN,
+    SEEN_APART_MS,
+    Store,
+    child_env,
+    wait_blocked,
+    wait_gone,
+)
 from tests.servers import (
     Answerer,
     BasicAuthServer,
@@ -77,9 +85,10 @@ def run_program(env: dict[str, str], *args: str, launcher: tuple[str, ...] = ())
 def assert_killed_by_watchdog(client: MlflowClient, run_id: str, died_ms: int) -> None:
     run = client.get_run(run_id)
     assert run.info.status == "KILLED"
-    # The moment of death, not when the watchdog got round to writing it.
+    # The moment of death, not when the watchdog got round to writing it; the watchdog may see
+    # the death a moment after this test did, on a loaded machine (tests/test_guardian.py).
     assert run.info.end_time is not None
-    assert run.info.start_time <= run.info.end_time <= died_ms
+    assert run.info.start_time <= run.info.end_time <= died_ms + SEEN_APART_MS
     assert run.data.tags["lifeguard.ended_by"] == "watchdog"
     assert run.data.tags["lifeguard.outcome"] == "lost"
 
