@@ -505,9 +505,11 @@ def _not_an_mlflow_database(path: str) -> str | None:
 
     uri = pathlib.Path(path).absolute().as_uri() + "?mode=ro"
     try:
-        with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=10)) as db:
+        with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=2)) as db:
             tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
-    except sqlite3.Error as exc:
+    except sqlite3.DatabaseError as exc:
+        if "not a database" not in str(exc):
+            return None  # locked by a writer, say: no verdict here; the sweep itself tells
         return f"cannot be read as a database ({exc}): {os.path.abspath(path)}"
     if not {"runs", "experiments", "alembic_version"} <= tables:
         what = "an empty database" if not tables else "a database without MLflow's tables"
