@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -138,6 +139,25 @@ time.sleep(600)
 """
 
 
+def _watched(env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """WATCHED started with its output read through pipes, as ``capture_output=True`` does."""
+    return subprocess.Popen(
+        [sys.executable, "-c", WATCHED],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+
+
+def _ready(proc: subprocess.Popen[bytes]) -> dict[str, Any]:
+    assert proc.stdout is not None and proc.stderr is not None
+    line = proc.stdout.readline().decode()
+    assert line.startswith("LIFEGUARD-READY "), line + proc.stderr.read().decode()
+    ready: dict[str, Any] = json.loads(line.split(" ", 1)[1])
+    return ready
+
+
 def test_the_watchdog_lets_go_of_the_programs_stderr_at_its_death(
     mlflow_server: MlflowServer, tmp_path: Path
 ) -> None:
@@ -150,19 +170,10 @@ def test_the_watchdog_lets_go_of_the_programs_stderr_at_its_death(
     proxy = FaultProxy(mlflow_server.port)
     journal = tmp_path / "journal"
     env = dict(_base_env(), MLFLOW_TRACKING_URI=proxy.uri, LIFEGUARD_JOURNAL_DIR=str(journal))
-    proc = subprocess.Popen(
-        [sys.executable, "-c", WATCHED],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
+    proc = _watched(env)
     watchdog = None
     try:
-        assert proc.stdout is not None and proc.stderr is not None
-        line = proc.stdout.readline().decode()
-        assert line.startswith("LIFEGUARD-READY "), line + proc.stderr.read().decode()
-        ready = json.loads(line.split(" ", 1)[1])
+        ready = _ready(proc)
         watchdog = ready["watchdog"]
         proxy.mode = "blackhole"
         os.kill(ready["pid"], signal.SIGKILL)
@@ -326,19 +337,10 @@ def test_a_stopped_watchdog_holds_no_reader_of_the_programs_stderr(
     to let go of the program's stderr, and ``subprocess.run(capture_output=True)`` waited for
     its end of file until the watchdog was sent SIGCONT (15 minutes, in the helper's harness).
     The watchdog lets go of a pipe at its start now; once going again, it ends the run."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", WATCHED],
-        env=child_env(store),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
+    proc = _watched(child_env(store))
     watchdog = None
     try:
-        assert proc.stdout is not None and proc.stderr is not None
-        line = proc.stdout.readline().decode()
-        assert line.startswith("LIFEGUARD-READY "), line + proc.stderr.read().decode()
-        ready = json.loads(line.split(" ", 1)[1])
+        ready = _ready(proc)
         watchdog = ready["watchdog"]
         os.kill(watchdog, signal.SIGSTOP)
         os.kill(ready["pid"], signal.SIGKILL)
