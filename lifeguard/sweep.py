@@ -513,6 +513,7 @@ class Sightings:
         import json
 
         from lifeguard.journal import Journal
+        from lifeguard.journaldir import write_whole
 
         if self.untrusted:
             return
@@ -528,11 +529,5 @@ class Sightings:
         Journal(self.directory).ensure()
         tmp = f"{self.path}.{os.getpid()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        try:
-            os.fchmod(fd, 0o600)
-            view = memoryview(text.encode())
-            while view:
-                view = view[os.write(fd, view) :]
-        finally:
-            os.close(fd)
+        write_whole(fd, tmp, text.encode())
         os.replace(tmp, self.path)  # replaces a planted symlink itself, never its target
