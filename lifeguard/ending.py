@@ -43,7 +43,15 @@ if TYPE_CHECKING:
 
     from lifeguard.outcome import Outcome
 
-__all__ = ["Event", "at_top_level", "final", "returned", "shown_and_carried_on", "stack"]
+__all__ = [
+    "Event",
+    "at_top_level",
+    "final",
+    "raising",
+    "returned",
+    "shown_and_carried_on",
+    "stack",
+]
 
 
 class Event:
@@ -211,13 +219,17 @@ def _raised_anew(frame: FrameType, at: int) -> bool:
     level: library frames re-raise what they caught in many ways (a helper function, a context
     manager's ``__exit__``), and a re-raise with a name (``except SystemExit as e: raise e``)
     is the one shape this takes for a new exit."""
+    return frame.f_lasti != at and raising(frame)
+
+
+def raising(frame: FrameType) -> bool:
+    """Whether ``frame`` stands at a ``raise X`` of its own (not a bare ``raise``)."""
     import opcode
 
     code = frame.f_code.co_code
     lasti = frame.f_lasti
     return (
-        lasti != at
-        and 0 <= lasti < len(code) - 1
+        0 <= lasti < len(code) - 1
         and code[lasti] == opcode.opmap["RAISE_VARARGS"]
         and code[lasti + 1] >= 1
     )

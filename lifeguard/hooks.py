@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 
         channel: Channel | None
         exit_exception: BaseException | None
+        # The frame the last exit noted was called from.
+        exit_caller: FrameType | None
 
         def note_exit(self, code: object, caller: FrameType) -> None: ...
         def note_exception(self, exc: BaseException, tb: TracebackType | None) -> None: ...
@@ -108,7 +110,7 @@ class ProcessHooks:
         noted as any other. Once per process; cheap after that."""
         from lifeguard import toplevel
 
-        toplevel.note(self.noting_exit, self._saved_exit)
+        toplevel.note(self.noting_exit, self._saved_exit, self.exit_unwound)
 
     def watch_os_exit(self) -> None:
         """With a guardian listening: tell it the code before ``os._exit`` ends the process
@@ -203,6 +205,19 @@ class ProcessHooks:
 
             logger().debug("lifeguard could not note the exit", exc_info=True)
 
+    def exit_unwound(self, exc: SystemExit, top_level: FrameType) -> None:
+        """3.12+: ``exc`` leaves the program's top level (lifeguard.toplevel sees it go). An exit
+        no hook saw where it was raised (a bare ``raise SystemExit(n)``, the program's own
+        ``raise SystemExit(main())``, a ``sys.exit`` bound before install() and called from a
+        frame that was not on the stack then) is noted now, from the top level. One a hook noted
+        where it was called is that same exit, leaving: it stays as it was noted, with its time,
+        unless the top level caught it and raises it anew (``except SystemExit as e: raise e``)."""
+        from lifeguard.ending import raising
+
+        if _raised_in(exc) is self._lifecycle.exit_caller and not raising(top_level):
+            return
+        self.noting_exit(exc.code, top_level)
+
     def exit_called(self, code: object, caller: FrameType) -> None:
         """``sys.exit(code)`` or ``exit(code)``, called from ``caller``. The caller's frame (and
         with it the whole stack under it) stays alive until finalization."""
@@ -253,6 +268,16 @@ def at_threading_shutdown(callback: Callable[[], object]) -> None:
         register(callback)
     except RuntimeError:  # the interpreter is already shutting down
         pass
+
+
+def _raised_in(exc: BaseException) -> FrameType | None:
+    """The frame ``exc`` was raised in: its traceback's innermost entry. A SystemExit raised
+    through lifeguard's ``sys.exit`` wrapper has none for the wrapper (``_Unseen``): its innermost
+    frame is the wrapper's caller, the frame the exit was noted in."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame if tb is not None else None
 
 
 def _keep_ctrl_c_exit(exc: BaseException | None) -> None:

@@ -16,7 +16,10 @@ last instruction says how it ended:
   exit. Before 3.12, an exit that a runner caught from the program and passed on (coverage
   catches the program's ``SystemExit``, returns its code, and exits with it) is taken as the
   ending: :func:`caught_by_the_runner`;
-- anything else (a bare ``raise SystemExit(n)``): not known from in here.
+- anything else (a bare ``raise SystemExit(n)``): not known from in here before 3.12. From
+  3.12 on, a ``SystemExit`` that leaves the program's own top level (``PY_UNWIND``: a bare
+  ``raise SystemExit(n)``, ``raise SystemExit(main())``, an exit a module bound before
+  ``install()``) is handed to the hooks with its code as it leaves.
 
 The runner's frames are the ones under the program's own top level, the ``__main__`` module's
 code: coverage's, runpy's (``python -m``, which catches nothing). A plain script has none.
@@ -48,11 +51,17 @@ _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _TOOL_IDS = (4, 3)
 
 
-def note(exit_noted: Callable[[object, FrameType], object], unwrapped: object) -> None:
+def note(
+    exit_noted: Callable[[object, FrameType], object],
+    unwrapped: object,
+    exit_unwound: Callable[[SystemExit, FrameType], object],
+) -> None:
     """See the program's stack, once per process: keep its bottom frame and its runner's, and
     (3.12+) watch them for a call of ``unwrapped`` (the ``sys.exit`` lifeguard wrapped), which
-    ``exit_noted(code, caller)`` notes. Nothing if the main thread's stack is not a program's
-    yet (site's import of a ``sitecustomize``) or is a REPL's (a statement's own frame)."""
+    ``exit_noted(code, caller)`` notes, and the program's top level for a ``SystemExit`` leaving
+    it, which ``exit_unwound(exc, top_level)`` is told of. Nothing if the main thread's stack is
+    not a program's yet (site's import of a ``sitecustomize``) or is a REPL's (a statement's
+    own frame)."""
     global _bottom, _runner, _seen_in
     if _seen_in == os.getpid():
         return
@@ -79,7 +88,7 @@ def note(exit_noted: Callable[[object, FrameType], object], unwrapped: object) -
     )
     _runner = frames[program + 1 :]
     if sys.version_info >= (3, 12):
-        _watch(frames, exit_noted, unwrapped)
+        _watch(frames, frames[program].f_code, exit_noted, unwrapped, exit_unwound)
 
 
 def _a_programs_bottom(frame: FrameType) -> bool:
@@ -132,7 +141,11 @@ def _last_opcode(frame: FrameType | None) -> str:
 
 
 def _watch(
-    frames: list[FrameType], exit_noted: Callable[[object, FrameType], object], unwrapped: object
+    frames: list[FrameType],
+    top_level: CodeType,
+    exit_noted: Callable[[object, FrameType], object],
+    unwrapped: object,
+    exit_unwound: Callable[[SystemExit, FrameType], object],
 ) -> None:
     global _tool
     monitoring = sys.monitoring  # type: ignore[attr-defined,unused-ignore]
@@ -162,6 +175,19 @@ def _watch(
             _watched.append(frame.f_code)
             monitoring.set_local_events(_tool, frame.f_code, call)
 
+    def on_unwind(code: CodeType, offset: int, exc: BaseException) -> object:
+        # Every frame left by an exception comes here (PY_UNWIND has no local form): one
+        # identity check for all but the program's own top level, which ends only once.
+        if code is top_level and isinstance(exc, SystemExit):
+            try:
+                exit_unwound(exc, sys._getframe(1))
+            except Exception:  # noqa: BLE001 - never raise into the program's exit
+                pass
+        return None
+
+    monitoring.register_callback(_tool, monitoring.events.PY_UNWIND, on_unwind)
+    monitoring.set_events(_tool, monitoring.events.PY_UNWIND)
+
 
 def _is_sys_exit(callee: object) -> bool:
     """The interpreter's own ``sys.exit``, whoever wrapped it since."""
@@ -175,7 +201,9 @@ def stop_watching() -> None:
         monitoring = sys.monitoring  # type: ignore[attr-defined,unused-ignore]
         for code in _watched:
             monitoring.set_local_events(_tool, code, 0)
+        monitoring.set_events(_tool, 0)
         monitoring.register_callback(_tool, monitoring.events.CALL, None)
+        monitoring.register_callback(_tool, monitoring.events.PY_UNWIND, None)
         monitoring.free_tool_id(_tool)
     _watched.clear()
     _tool = None

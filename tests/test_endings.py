@@ -457,6 +457,104 @@ def test_an_exit_caught_inside_main_is_forgotten_when_the_program_raises_systeme
     assert run.data.tags.get("lifeguard.reason") == "exit code 0"
 
 
+# -- a SystemExit no hook saw, seen as it leaves the top level (3.12+) ---------------------------
+
+# Each program ends by a SystemExit that no hook of lifeguard's sees where it is raised (no
+# sys.exit wrapper, no excepthook): its code, and the status it must give.
+UNSEEN_EXITS = {
+    "raise SystemExit(main())": (
+        """
+        def main():
+            return 3
+        raise SystemExit(main())
+        """,
+        3,
+    ),
+    "bare raise in a function": (
+        """
+        def main():
+            raise SystemExit(4)
+        main()
+        """,
+        4,
+    ),
+    "sys.exit bound before install()": (
+        # Bound before install(): the call goes to the interpreter's own sys.exit, from a frame
+        # that was not on the stack at install().
+        """
+        def main():
+            leave(5)
+        main()
+        """,
+        5,
+    ),
+    "a caught exit, then raise SystemExit(6)": (
+        """
+        try:
+            sys.exit(0)
+        except SystemExit:
+            pass
+        raise SystemExit(6)
+        """,
+        6,
+    ),
+    "except SystemExit as e: raise e": (
+        """
+        try:
+            sys.exit(7)
+        except SystemExit as e:
+            print("exiting", e.code)
+            raise e
+        """,
+        7,
+    ),
+    "a caught exit, then a bare raise SystemExit": (
+        """
+        def main():
+            sys.exit(2)
+        try:
+            main()
+        except SystemExit:
+            pass
+        raise SystemExit
+        """,
+        0,
+    ),
+    "raise SystemExit(message)": (
+        """
+        raise SystemExit("bad config")
+        """,
+        1,
+    ),
+}
+
+
+@pytest.mark.skipif(
+    sys.version_info < (3, 12),
+    reason="before 3.12 a bare raise SystemExit(n) is invisible in-process (docs/limitations.md)",
+)
+@pytest.mark.parametrize("shape", list(UNSEEN_EXITS))
+def test_a_systemexit_no_hook_saw_ends_the_run_with_its_code(
+    store: Store, tmp_path: Path, shape: str
+) -> None:
+    """From 3.12 on, a SystemExit that leaves the program's top level is seen as it leaves
+    (sys.monitoring's PY_UNWIND), however it was raised. Before, the run was FINISHED with
+    "exit code 0" for a process that exited 3."""
+    body, code = UNSEEN_EXITS[shape]
+    program = (
+        "import sys\nleave = sys.exit\n{install}\nimport mlflow\n"
+        'print("RUN", mlflow.start_run().info.run_id, flush=True)\n' + textwrap.dedent(body)
+    )
+    results = side_by_side(store, tmp_path / "unseen.py", program)
+    assert results[True].returncode == results[False].returncode == code, results[True].stderr
+    assert results[True].stdout.split("\n")[1:] == results[False].stdout.split("\n")[1:]
+    assert results[True].stderr == results[False].stderr
+    run = store.run(run_id_in(results[True].stdout))
+    assert run.info.status == ("FINISHED" if code == 0 else "FAILED"), run.data.tags
+    assert run.data.tags.get("lifeguard.exit_code") == str(code), run.data.tags
+    assert run.data.tags.get("lifeguard.ended_by") == "process", run.data.tags
+
+
 # -- a second Ctrl-C while an exit is being finalized ------------------------------------------
 
 SECOND_CTRL_C = """
