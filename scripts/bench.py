@@ -21,6 +21,9 @@ alike. Goals (docs/design.md section 4):
   dead server               exit within the deadline (< 30 s); raw MLflow's end_run: 247 s
                             (measured in the same run, once: it takes about four minutes;
                             --no-raw-dead-server skips it)
+  unwind                    an exception leaving a frame costs < 500 ns more than without
+                            lifeguard (3.12+: the PY_UNWIND check that sees a bare
+                            `raise SystemExit(n)`; nothing before 3.12)
   demo                      `lifeguard demo` end to end < 20 s on a quiet 2-core machine
   sweep                     >= 500 RUNNING runs decided per second (scripts/bench_sweep.py
                             measures several sizes; here one, --sweep-size, default 4000)
@@ -539,6 +542,48 @@ def bench_nothing_to_do(rounds: int) -> dict[str, object]:
     return result
 
 
+_UNWIND = """
+import sys, time
+{install}
+def inner():
+    raise ValueError
+
+def outer():
+    try:
+        inner()
+    except ValueError:
+        pass
+
+start = time.perf_counter()
+for _ in range(300_000):
+    outer()
+print((time.perf_counter() - start) / 300_000 * 1e9)
+"""
+
+
+def bench_unwind(rounds: int) -> dict[str, object]:
+    """What an exception that leaves a frame costs, without and with lifeguard: from 3.12 on,
+    ``install()`` watches sys.monitoring's PY_UNWIND (which has no per-code form) for the
+    program's top level, so every frame an exception leaves costs one more check. Each side a
+    whole process, interleaved; the figure is the time per ``raise`` caught one frame up."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "LIFEGUARD_"))}
+
+    def one(install: str) -> Callable[[], float]:
+        code = textwrap.dedent(_UNWIND).replace("{install}", install)
+        return lambda: float(_run(code, env))
+
+    bare, guarded = interleave(rounds, one(""), one("import lifeguard; lifeguard.install()"))
+    watched = sys.version_info >= (3, 12)
+    return {
+        "raise caught one frame up (ns)": bare,
+        "the same after install() (ns)": guarded,
+        "added per frame (ns)": guarded - bare,
+        "ratio": guarded / bare,
+        "PY_UNWIND watched": "yes" if watched else "no (before 3.12)",
+        "goal": "< 500 ns added",
+    }
+
+
 def bench_demo(rounds: int) -> dict[str, object]:
     """`lifeguard demo` end to end, as a newcomer runs it: wall time of the whole command. It
     takes seconds, so a few rounds at most (the median of min(rounds, 3))."""
@@ -612,6 +657,14 @@ TABLE: list[tuple[str, str, str, str, str | None, str]] = [
         "without lifeguard",
         "with start_run(): one metric (s)",
         "<= 1.05x",
+    ),
+    (
+        "unwind",
+        "a raise caught one frame up (ns)",
+        "the same after install() (ns)",
+        "without lifeguard",
+        "raise caught one frame up (ns)",
+        "< 500 ns added",
     ),
     (
         "sigterm",
@@ -713,6 +766,7 @@ def main() -> int:
             "nothing-to-do",
             "watchdog",
             "dead-server",
+            "unwind",
             "demo",
             "sweep",
         ],
@@ -742,6 +796,7 @@ def main() -> int:
         "nothing-to-do": bench_nothing_to_do,
         "watchdog": bench_watchdog,
         "dead-server": lambda rounds: bench_dead_server(rounds, not args.no_raw_dead_server),
+        "unwind": bench_unwind,
         "demo": bench_demo,
         "sweep": lambda rounds: bench_sweep(args.sweep_size),
     }
