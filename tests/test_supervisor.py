@@ -526,3 +526,98 @@ def test_the_programs_own_install_options_are_honoured_under_lifeguard_run(
     run = store.run(run_id)
     assert run.info.status == "FINISHED", run.data.tags
     assert run.data.tags["lifeguard.ended_by"] == "process"
+
+
+# -- job control: Ctrl-Z, fg and bg in an interactive shell ------------------------------------
+
+STOPPABLE = """
+import sys
+import mlflow
+run = mlflow.start_run()
+print("RUN", run.info.run_id, flush=True)
+print("READY", flush=True)
+print("GOT", sys.stdin.readline().strip(), flush=True)
+"""
+
+
+class Shell:
+    """An interactive bash on a pty, as a person's terminal: it has job control. Every wait for
+    its output is bounded; a shell that never shows what is awaited is killed."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        import pty
+
+        env = dict(env, PS1="PROMPT> ", TERM="dumb")
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:  # the child: the shell, leading the pty's session
+            os.execve("/bin/bash", ["bash", "--norc", "--noprofile", "-i"], env)
+        self.out = bytearray()
+        self.expect(b"PROMPT> ")
+
+    def type(self, keys: bytes, marker: bytes) -> bytes:
+        """Type ``keys``; return what the shell showed up to ``marker``."""
+        mark = len(self.out)
+        os.write(self.fd, keys)
+        return self.expect(marker, mark)
+
+    def expect(self, marker: bytes, mark: int = 0) -> bytes:
+        import select
+
+        give_up = time.monotonic() + CHILD_TIMEOUT
+        while marker not in self.out[mark:]:
+            left = give_up - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no {marker!r} in: {bytes(self.out[mark:])!r}")
+            if self.fd in select.select([self.fd], [], [], left)[0]:
+                try:
+                    data = os.read(self.fd, 4096)
+                except OSError:  # EIO: the shell is gone
+                    data = b""
+                if not data:
+                    raise EOFError(bytes(self.out[mark:]).decode(errors="replace"))
+                self.out.extend(data)
+        return bytes(self.out[mark:])
+
+    def close(self) -> None:
+        # Every process of the shell's session: the shell, and each job's group of its own.
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                with contextlib.suppress(OSError):
+                    if os.getsid(int(name)) == self.pid:
+                        os.kill(int(name), signal.SIGKILL)
+        os.waitpid(self.pid, 0)
+        os.close(self.fd)
+
+
+@pytest.mark.skipif(not os.path.exists("/bin/bash"), reason="needs bash for job control")
+@pytest.mark.parametrize("resume", ["fg", "bg then fg"])
+def test_ctrl_z_stops_the_job_and_fg_resumes_it(store: Store, tmp_path: Path, resume: str) -> None:
+    """In an interactive shell, Ctrl-Z stops ``lifeguard run -- python train.py`` as it stops
+    ``python train.py``: the shell says "Stopped" and gives its prompt back; ``fg`` (or ``bg``,
+    then ``fg``) resumes the program, which then reads its line from the terminal and ends,
+    its run FINISHED. Seen: the terminal's SIGTSTP stopped the program's process group (which
+    holds the terminal) but not the supervisor, and the shell, waiting for the supervisor, hung
+    with a stopped program holding its terminal."""
+    program = tmp_path / "train.py"
+    program.write_text(STOPPABLE)
+    shell = Shell(child_env(store))
+    try:
+        shown = shell.type(
+            shlex.join([sys.executable, *RUN, str(program)]).encode() + b"\n", b"READY"
+        )
+        run_id = shown.split(b"RUN ", 1)[1].split()[0].decode()
+        stopped = shell.type(b"\x1a", b"PROMPT> ")
+        assert b"Stopped" in stopped, stopped
+        if resume == "bg then fg":
+            # In the background the program's read of the terminal stops it again (SIGTTIN);
+            # `set -b`: the shell says so at once, not at its next prompt.
+            shell.type(b"set -b\n", b"PROMPT> ")
+            assert b"Stopped" in shell.type(b"bg\n", b"Stopped")
+        shell.type(b"fg\n", b"train.py")
+        assert b"GOT hello" in shell.type(b"hello\n", b"GOT hello")
+        assert b"rc=0" in shell.type(b"echo rc=$?\n", b"rc=0")
+    finally:
+        shell.close()
+    run = store.run(run_id)
+    assert run.info.status == "FINISHED", run.data.tags
+    assert run.data.tags["lifeguard.ended_by"] == "process"

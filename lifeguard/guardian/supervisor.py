@@ -107,6 +107,8 @@ def supervise(cmd: Sequence[str], *, deadline: float | None = None) -> int:
 
     wake = SignalWake()
     saved = {sig: signal.signal(sig, forward) for sig in FORWARDED}
+    if terminal is not None:
+        saved[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, _stop_with(proc.pid))
     try:
         evidence, returncode, died_at = _watch_child(read_fd, proc, wake.read_fd)
     finally:
@@ -220,6 +222,8 @@ class OrphanReaper:
 
     def _on_sigchld(self, signum: int, frame: FrameType | None) -> None:
         self._reap()
+        if callable(self.previous):  # the child's stops, followed (_stop_with)
+            self.previous(signum, frame)
 
     def _reap(self) -> None:
         while True:
@@ -273,6 +277,34 @@ def hand_terminal_to(pgid: int) -> int | None:
         return fd
     except (OSError, ValueError, AttributeError):
         return None
+
+
+def _stop_with(child: int) -> Callable[[int, FrameType | None], None]:
+    """Job control, for a supervisor that handed the terminal to the child: Ctrl-Z stops the
+    child's group, not the supervisor, and the shell, which waits for the supervisor, waited
+    for ever, its terminal held by a stopped group. So the supervisor stops when the child
+    does (SIGSTOP: the shell then says "Stopped" and takes the terminal back, as without
+    lifeguard). Continued (``fg``, ``bg``), it continues the child's group, handing it the
+    terminal again if the shell gave the terminal back (``fg``). A SIGCHLD handler: the
+    supervisor is the child's parent, the one process told of its stops."""
+
+    def on_sigchld(signum: int, frame: FrameType | None) -> None:
+        try:
+            # WSTOPPED only: never reaps the exit, whose status proc.wait() must get.
+            info = os.waitid(os.P_PID, child, os.WSTOPPED | os.WNOHANG)
+        except ChildProcessError:
+            return
+        if info is None or info.si_code != os.CLD_STOPPED:
+            return
+        os.kill(os.getpid(), signal.SIGSTOP)
+        # Continued.
+        hand_terminal_to(child)
+        try:
+            os.killpg(child, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+    return on_sigchld
 
 
 def _take_terminal_back(fd: int) -> None:
