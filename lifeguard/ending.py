@@ -102,16 +102,19 @@ class Event:
             if bottom is None or not at_top_level(bottom) or _raised_anew(bottom, self.at[-1]):
                 return False
             returned = [_returned(frame) for frame in self.frames]
-            if not any(returned):
-                return True
-            # A frame caught it and returned. Carried on from, if a frame under that one
-            # returned too (the top level at least). If instead every frame under it ended by
-            # an exception that no hook saw (a SystemExit: any other goes to the excepthook,
-            # and a later event wins), that exception was this exit passed on: trio keeps a
-            # task's SystemExit and raises it again from trio.run; a runner returns the code to
-            # a `sys.exit(main())` bound before install().
-            catcher = max(i for i, done in enumerate(returned) if done)
-            return catcher < len(returned) - 1 and not any(returned[catcher + 1 :])
+            # The frame that caught it and returned, if one did. Carried on from, if a frame
+            # under that one returned too (the top level at least). If instead every frame under
+            # it ended by an exception that no hook saw (a SystemExit: any other goes to the
+            # excepthook, and a later event wins), that exception was this exit passed on: trio
+            # keeps a task's SystemExit and raises it again from trio.run. Unless one of them
+            # went on past where it stood and ended at a call: then an exit no hook saw came
+            # after this one (a sys.exit bound before install(), a function's bare raise
+            # SystemExit, a runner's exit: see _passed_on_by_the_runner).
+            catcher = max((i for i, done in enumerate(returned) if done), default=-1)
+            if catcher == len(returned) - 1:
+                return False
+            under = slice(catcher + 1, None)
+            return not any(map(_went_on_to_a_call, self.frames[under], self.at[under]))
         outermost = self.frames[0] if self.frames else None
         if _shown_by_the_repl(outermost):
             return False
@@ -220,6 +223,14 @@ def _raised_anew(frame: FrameType, at: int) -> bool:
     manager's ``__exit__``), and a re-raise with a name (``except SystemExit as e: raise e``)
     is the one shape this takes for a new exit."""
     return frame.f_lasti != at and raising(frame)
+
+
+def _went_on_to_a_call(frame: FrameType, at: int) -> bool:
+    """Whether a frame that ended by an exception ended at a call, at another instruction
+    than ``at``, where it stood at the event."""
+    from lifeguard.toplevel import last_opcode
+
+    return frame.f_lasti != at and last_opcode(frame).startswith("CALL")
 
 
 def raising(frame: FrameType) -> bool:

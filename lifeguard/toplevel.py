@@ -35,7 +35,14 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from types import CodeType, FrameType
 
-__all__ = ["caught_by_the_runner", "ended_at_a_call", "note", "returned", "stop_watching"]
+__all__ = [
+    "caught_by_the_runner",
+    "ended_at_a_call",
+    "last_opcode",
+    "note",
+    "returned",
+    "stop_watching",
+]
 
 # The main thread's bottom frame, and the frames under the program's top level (the runner's),
 # as seen first in this process (its pid: a forked child's stack is not its parent's).
@@ -104,13 +111,13 @@ def _a_programs_bottom(frame: FrameType) -> bool:
 
 def returned() -> bool:
     """At exit: whether the program's bottom frame ended by returning."""
-    return _seen_here() and _last_opcode(_bottom) in _RETURNS
+    return _seen_here() and last_opcode(_bottom) in _RETURNS
 
 
 def ended_at_a_call() -> bool:
     """At exit: whether the program's bottom frame was left by an exception raised in a call
     (an exit no hook saw, when no hook saw an exception either)."""
-    return _seen_here() and _last_opcode(_bottom).startswith("CALL")
+    return _seen_here() and last_opcode(_bottom).startswith("CALL")
 
 
 def caught_by_the_runner(frame: FrameType) -> bool:
@@ -125,13 +132,19 @@ def _seen_here() -> bool:
 _RETURNS = ("RETURN_VALUE", "RETURN_CONST")
 
 
-def _last_opcode(frame: FrameType | None) -> str:
-    """The name of the last instruction ``frame`` ran, '' if it has none."""
+def last_opcode(frame: FrameType | None) -> str:
+    """The name of the last instruction ``frame`` ran, '' if it has none. From 3.11 on, a frame
+    left by an exception from a call of a Python function stands on that call's inline cache,
+    past the CALL itself (the specialized call skips its cache before it enters the callee):
+    the instruction is the one the cache belongs to."""
     if frame is None:
         return ""
     import opcode
 
     code, lasti = frame.f_code.co_code, frame.f_lasti
+    cache = opcode.opmap.get("CACHE")
+    while cache is not None and 0 < lasti < len(code) and code[lasti] == cache:
+        lasti -= 2
     if not 0 <= lasti < len(code):
         return ""
     return opcode.opname[code[lasti]]
