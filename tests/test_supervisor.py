@@ -531,12 +531,17 @@ def test_the_programs_own_install_options_are_honoured_under_lifeguard_run(
 # -- job control: Ctrl-Z, fg and bg in an interactive shell ------------------------------------
 
 STOPPABLE = """
-import sys
+import os, signal, sys
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
 import mlflow
 run = mlflow.start_run()
 print("RUN", run.info.run_id, flush=True)
-print("READY", flush=True)
-print("GOT", sys.stdin.readline().strip(), flush=True)
+print("READY", os.getpid(), flush=True)
+if os.environ.get("WAIT_FOR_USR1"):
+    signal.sigwait({signal.SIGUSR1})
+    print("WOKEN", flush=True)
+if not os.environ.get("NO_READ"):
+    print("GOT", sys.stdin.readline().strip(), flush=True)
 """
 
 
@@ -589,32 +594,67 @@ class Shell:
         os.close(self.fd)
 
 
+# How the job is started, and what the person at the terminal does (the test's steps below).
+JOBS = {
+    "Ctrl-Z, fg": ("{cmd}", {}),
+    "Ctrl-Z, bg, fg": ("{cmd}", {}),
+    "Ctrl-Z, bg, it ends in the background": ("{cmd}", {"WAIT_FOR_USR1": "1", "NO_READ": "1"}),
+    "Ctrl-Z, bg, fg while it runs": ("{cmd}", {"WAIT_FOR_USR1": "1"}),
+    "Ctrl-Z under bash -c": ("bash -c '{cmd}; echo after-$?'", {}),
+    "started with &": ("{cmd} &", {}),
+}
+
+
 @pytest.mark.skipif(not os.path.exists("/bin/bash"), reason="needs bash for job control")
-@pytest.mark.parametrize("resume", ["fg", "bg then fg"])
-def test_ctrl_z_stops_the_job_and_fg_resumes_it(store: Store, tmp_path: Path, resume: str) -> None:
-    """In an interactive shell, Ctrl-Z stops ``lifeguard run -- python train.py`` as it stops
-    ``python train.py``: the shell says "Stopped" and gives its prompt back; ``fg`` (or ``bg``,
-    then ``fg``) resumes the program, which then reads its line from the terminal and ends,
-    its run FINISHED. Seen: the terminal's SIGTSTP stopped the program's process group (which
-    holds the terminal) but not the supervisor, and the shell, waiting for the supervisor, hung
-    with a stopped program holding its terminal."""
+@pytest.mark.parametrize("job", list(JOBS))
+def test_job_control_in_an_interactive_shell(store: Store, tmp_path: Path, job: str) -> None:
+    """In an interactive shell, ``lifeguard run -- python train.py`` is a job as ``python
+    train.py`` is: Ctrl-Z stops it (the shell says "Stopped" and gives its prompt back), ``fg``
+    and ``bg`` resume it, a read from the background stops it until ``fg``, and a job that ends
+    in the background leaves the shell its terminal. Its run ends FINISHED. Seen:
+    - Ctrl-Z hung the terminal: it stopped the program's process group (which holds the
+      terminal), not the supervisor, and the shell waited for the supervisor;
+    - then, with only the supervisor stopping too: a job that ended in the background took
+      the terminal from the shell, which exited; ``fg`` after ``bg`` left the program without
+      the terminal; under ``bash -c`` the wrapper did not stop, and the shell hung."""
     program = tmp_path / "train.py"
     program.write_text(STOPPABLE)
-    shell = Shell(child_env(store))
+    started, extra = JOBS[job]
+    cmd = started.format(cmd=shlex.join([sys.executable, *RUN, str(program)]))
+    shell = Shell(child_env(store, **extra))
     try:
-        shown = shell.type(
-            shlex.join([sys.executable, *RUN, str(program)]).encode() + b"\n", b"READY"
-        )
+        shell.type(b"set -b\n", b"PROMPT> ")  # a background job's change is told at once
+        if job == "started with &":
+            # Its read of the terminal from the background stops it, as it would python.
+            shown = shell.type(cmd.encode() + b"\n", b"Stopped")
+        else:
+            shown = shell.type(cmd.encode() + b"\n", b"READY")
+            assert b"Stopped" in shell.type(b"\x1a", b"PROMPT> ")
         run_id = shown.split(b"RUN ", 1)[1].split()[0].decode()
-        stopped = shell.type(b"\x1a", b"PROMPT> ")
-        assert b"Stopped" in stopped, stopped
-        if resume == "bg then fg":
-            # In the background the program's read of the terminal stops it again (SIGTTIN);
-            # `set -b`: the shell says so at once, not at its next prompt.
-            shell.type(b"set -b\n", b"PROMPT> ")
+        pid = int(shown.split(b"READY ", 1)[1].split()[0]) if b"READY " in shown else None
+        if job == "Ctrl-Z, bg, fg":
+            # In the background its read of the terminal stops it again (SIGTTIN).
             assert b"Stopped" in shell.type(b"bg\n", b"Stopped")
-        shell.type(b"fg\n", b"train.py")
-        assert b"GOT hello" in shell.type(b"hello\n", b"GOT hello")
+        if job == "Ctrl-Z, bg, it ends in the background":
+            shell.type(b"bg\n", b"PROMPT> ")
+            assert pid is not None
+            mark = len(shell.out)
+            os.kill(pid, signal.SIGUSR1)
+            shell.expect(b"Done", mark)
+            assert b"alive" in shell.type(b"echo alive\n", b"alive")
+        elif job == "Ctrl-Z, bg, fg while it runs":
+            shell.type(b"bg\n", b"PROMPT> ")
+            shell.type(b"fg\n", b"train.py")  # the shell sends a running job no SIGCONT
+            assert pid is not None
+            mark = len(shell.out)
+            os.kill(pid, signal.SIGUSR1)
+            shell.expect(b"WOKEN", mark)
+            assert b"GOT hello" in shell.type(b"hello\n", b"GOT hello")
+        else:
+            shell.type(b"fg\n", b"train.py")
+            assert b"GOT hello" in shell.type(b"hello\n", b"GOT hello")
+            if job == "Ctrl-Z under bash -c":
+                shell.expect(b"after-0")
         assert b"rc=0" in shell.type(b"echo rc=$?\n", b"rc=0")
     finally:
         shell.close()

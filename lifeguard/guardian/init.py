@@ -225,7 +225,7 @@ def _lead_own_group(child: int = 0) -> None:
     except OSError:  # the other side did it already
         pass
     if child:
-        from lifeguard.guardian.supervisor import hand_terminal_to
+        from lifeguard.guardian.jobs import hand_terminal_to
 
         hand_terminal_to(pid)
 

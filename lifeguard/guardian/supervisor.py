@@ -28,6 +28,7 @@ import sys
 
 from lifeguard._fds import out_of_the_way
 from lifeguard.channel import SUPERVISOR, Channel
+from lifeguard.guardian.jobs import JobControl
 from lifeguard.guardian.watchdog import (
     Evidence,
     SignalWake,
@@ -97,7 +98,6 @@ def supervise(cmd: Sequence[str], *, deadline: float | None = None) -> int:
         os.close(write_fd)
         raise SupervisorError(f"cannot start {cmd[0]!r}: {exc.strerror}") from None
     os.close(write_fd)  # EOF must come when the child (and its heirs) are gone, not us
-    terminal = hand_terminal_to(proc.pid)
 
     def forward(signum: int, frame: FrameType | None) -> None:
         try:
@@ -107,16 +107,15 @@ def supervise(cmd: Sequence[str], *, deadline: float | None = None) -> int:
 
     wake = SignalWake()
     saved = {sig: signal.signal(sig, forward) for sig in FORWARDED}
-    if terminal is not None:
-        saved[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, _stop_with(proc.pid))
+    jobs = JobControl(proc.pid)
     try:
+        jobs.start()
         evidence, returncode, died_at = _watch_child(read_fd, proc, wake.read_fd)
     finally:
+        jobs.stop()
         for sig, handler in saved.items():
             signal.signal(sig, handler)
         wake.close()
-        if terminal is not None:
-            _take_terminal_back(terminal)
         os.close(read_fd)
 
     outcomes = {}
@@ -222,7 +221,7 @@ class OrphanReaper:
 
     def _on_sigchld(self, signum: int, frame: FrameType | None) -> None:
         self._reap()
-        if callable(self.previous):  # the child's stops, followed (_stop_with)
+        if callable(self.previous):  # the child's stops, followed (guardian/jobs.py)
             self.previous(signum, frame)
 
     def _reap(self) -> None:
@@ -260,58 +259,3 @@ def _die_like_child(signum: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     die_by_signal(signum)
-
-
-def hand_terminal_to(pgid: int) -> int | None:
-    """If we are the terminal's foreground job, make the child's group the foreground, as a
-    shell does, so that Ctrl-C and terminal reads behave as without lifeguard."""
-    try:
-        fd = sys.stdin.fileno()
-        if not os.isatty(fd) or os.tcgetpgrp(fd) != os.getpgrp():
-            return None
-        old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
-        try:
-            os.tcsetpgrp(fd, pgid)
-        finally:
-            signal.signal(signal.SIGTTOU, old)
-        return fd
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
-def _stop_with(child: int) -> Callable[[int, FrameType | None], None]:
-    """Job control, for a supervisor that handed the terminal to the child: Ctrl-Z stops the
-    child's group, not the supervisor, and the shell, which waits for the supervisor, waited
-    for ever, its terminal held by a stopped group. So the supervisor stops when the child
-    does (SIGSTOP: the shell then says "Stopped" and takes the terminal back, as without
-    lifeguard). Continued (``fg``, ``bg``), it continues the child's group, handing it the
-    terminal again if the shell gave the terminal back (``fg``). A SIGCHLD handler: the
-    supervisor is the child's parent, the one process told of its stops."""
-
-    def on_sigchld(signum: int, frame: FrameType | None) -> None:
-        try:
-            # WSTOPPED only: never reaps the exit, whose status proc.wait() must get.
-            info = os.waitid(os.P_PID, child, os.WSTOPPED | os.WNOHANG)
-        except ChildProcessError:
-            return
-        if info is None or info.si_code != os.CLD_STOPPED:
-            return
-        os.kill(os.getpid(), signal.SIGSTOP)
-        # Continued.
-        hand_terminal_to(child)
-        try:
-            os.killpg(child, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
-
-    return on_sigchld
-
-
-def _take_terminal_back(fd: int) -> None:
-    old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
-    try:
-        os.tcsetpgrp(fd, os.getpgrp())
-    except OSError:
-        pass
-    finally:
-        signal.signal(signal.SIGTTOU, old)
