@@ -24,6 +24,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
@@ -242,7 +243,97 @@ ears_pipe(PyObject *module, PyObject *args)
     return Py_BuildValue("(ii)", read_fd, write_fd);
 }
 
+/* Hearing the program end by a SystemExit (3.12+, lifeguard.toplevel): sys.monitoring's
+   PY_UNWIND has no per-code form, so its callback is called for every frame an exception
+   leaves, anywhere in the program. This filter is that callback: in C, it pushes no Python
+   frame (a Python callback at the recursion limit turned the exception being unwound into a
+   RecursionError) and costs a pointer comparison, and it calls the Python callback only for
+   the one code object watched (the program's top level), at the bottom of the stack. */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *code;
+    PyObject *callback;
+    vectorcallfunc vectorcall;
+} Filter;
+
+static PyObject *
+filter_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Filter *filter = (Filter *)self;
+    if (PyVectorcall_NARGS(nargsf) >= 1 && args[0] == filter->code) {
+        return PyObject_Vectorcall(filter->callback, args, nargsf, kwnames);
+    }
+    Py_RETURN_NONE;
+}
+
+static int
+filter_traverse(Filter *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->code);
+    Py_VISIT(self->callback);
+    return 0;
+}
+
+static int
+filter_clear(Filter *self)
+{
+    Py_CLEAR(self->code);
+    Py_CLEAR(self->callback);
+    return 0;
+}
+
+static void
+filter_dealloc(Filter *self)
+{
+    PyObject_GC_UnTrack(self);
+    filter_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject FilterType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "lifeguard._ears.Filter",
+    .tp_basicsize = sizeof(Filter),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_vectorcall_offset = offsetof(Filter, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_traverse = (traverseproc)filter_traverse,
+    .tp_clear = (inquiry)filter_clear,
+    .tp_dealloc = (destructor)filter_dealloc,
+};
+
+PyDoc_STRVAR(only_for_doc,
+"only_for(code, callback, /)\n--\n\n"
+"A callable that calls callback(*args) when its first argument is code, and returns None\n"
+"otherwise, without a Python frame of its own.");
+
+static PyObject *
+ears_only_for(PyObject *module, PyObject *args)
+{
+    PyObject *code, *callback;
+    if (!PyArg_ParseTuple(args, "OO:only_for", &code, &callback)) {
+        return NULL;
+    }
+    if (!PyCallable_Check(callback)) {
+        PyErr_SetString(PyExc_TypeError, "only_for: callback must be callable");
+        return NULL;
+    }
+    Filter *filter = PyObject_GC_New(Filter, &FilterType);
+    if (filter == NULL) {
+        return NULL;
+    }
+    Py_INCREF(code);
+    Py_INCREF(callback);
+    filter->code = code;
+    filter->callback = callback;
+    filter->vectorcall = filter_vectorcall;
+    PyObject_GC_Track(filter);
+    return (PyObject *)filter;
+}
+
 static PyMethodDef ears_methods[] = {
+    {"only_for", ears_only_for, METH_VARARGS, only_for_doc},
     {"register", ears_register, METH_VARARGS, register_doc},
     {"unregister", ears_unregister, METH_VARARGS, unregister_doc},
     {"is_registered", ears_is_registered, METH_VARARGS, is_registered_doc},
@@ -267,6 +358,9 @@ PyInit__ears(void)
             ears[i].fd = -1;
         }
         initialized = 1;
+    }
+    if (PyType_Ready(&FilterType) < 0) {
+        return NULL;
     }
     PyObject *module = PyModule_Create(&ears_module);
     if (module != NULL && PyModule_AddIntConstant(module, "RECORD", sizeof(record_t)) < 0) {

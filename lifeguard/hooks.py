@@ -31,8 +31,6 @@ if TYPE_CHECKING:
 
         channel: Channel | None
         exit_exception: BaseException | None
-        # The frame the last exit noted was called from.
-        exit_caller: FrameType | None
 
         def note_exit(self, code: object, caller: FrameType) -> None: ...
         def note_exception(self, exc: BaseException, tb: TracebackType | None) -> None: ...
@@ -66,7 +64,7 @@ class _Quitter:
 
     def __call__(self, code: object = None) -> object:
         self._hooks.noting_exit(code, sys._getframe(1))
-        with _UNSEEN:
+        with self._hooks.unseen:
             self._original(code)
         return None  # not reached: the call above raises SystemExit
 
@@ -84,6 +82,7 @@ class ProcessHooks:
         self._saved_exit: Callable[..., object] | None = None
         self._saved_quitters: dict[str, object] = {}
         self._saved_os_exit: Callable[[int], object] | None = None
+        self.unseen = _Unseen()
 
     # -- install / uninstall -----------------------------------------------------------------
 
@@ -189,7 +188,7 @@ class ProcessHooks:
 
     def _exit(self, code: object = None) -> None:
         self.noting_exit(code, sys._getframe(1))
-        with _UNSEEN:
+        with self.unseen:
             (self._saved_exit or sys.__dict__["exit"])(code)
 
     def noting_exit(self, code: object, caller: FrameType) -> None:
@@ -210,11 +209,13 @@ class ProcessHooks:
         no hook saw where it was raised (a bare ``raise SystemExit(n)``, the program's own
         ``raise SystemExit(main())``, a ``sys.exit`` bound before install() and called from a
         frame that was not on the stack then) is noted now, from the top level. One a hook noted
-        where it was called is that same exit, leaving: it stays as it was noted, with its time,
-        unless the top level caught it and raises it anew (``except SystemExit as e: raise e``)."""
+        where it was called is that same exit, leaving (the same SystemExit, its code as it
+        was): it stays as it was noted, with its time, unless the top level caught it and raises
+        it anew (``except SystemExit as e: raise e``)."""
         from lifeguard.ending import raising
 
-        if _raised_in(exc) is self._lifecycle.exit_caller and not raising(top_level):
+        last = self.unseen.last
+        if last is not None and exc is last[0] and exc.code is last[1] and not raising(top_level):
             return
         self.noting_exit(exc.code, top_level)
 
@@ -236,11 +237,15 @@ class ProcessHooks:
 
 
 class _Unseen:
-    """``with _UNSEEN: sys.exit(code)`` in a wrapper: the SystemExit leaves without the
+    """``with hooks.unseen: sys.exit(code)`` in a wrapper: the SystemExit leaves without the
     wrapper's frame in its traceback, so that a program printing the traceback of an exit it
     caught (``traceback.print_exc()``, ``logging.exception``) prints what it would without
     lifeguard. From 3.11 on, re-raising an exception whose traceback was cleared adds no entry
-    for the frame that re-raises it; on 3.10 the frame still shows."""
+    for the frame that re-raises it; on 3.10 the frame still shows. Keeps the last one let out,
+    with its code then: the exit noted where it was called (see ProcessHooks.exit_unwound)."""
+
+    def __init__(self) -> None:
+        self.last: tuple[SystemExit, object] | None = None
 
     def __enter__(self) -> None:
         return None
@@ -248,9 +253,7 @@ class _Unseen:
     def __exit__(self, tp: object, value: BaseException | None, tb: object) -> None:
         if isinstance(value, SystemExit):
             value.__traceback__ = None
-
-
-_UNSEEN = _Unseen()
+            self.last = (value, value.code)
 
 
 def at_threading_shutdown(callback: Callable[[], object]) -> None:
@@ -268,16 +271,6 @@ def at_threading_shutdown(callback: Callable[[], object]) -> None:
         register(callback)
     except RuntimeError:  # the interpreter is already shutting down
         pass
-
-
-def _raised_in(exc: BaseException) -> FrameType | None:
-    """The frame ``exc`` was raised in: its traceback's innermost entry. A SystemExit raised
-    through lifeguard's ``sys.exit`` wrapper has none for the wrapper (``_Unseen``): its innermost
-    frame is the wrapper's caller, the frame the exit was noted in."""
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    return tb.tb_frame if tb is not None else None
 
 
 def _keep_ctrl_c_exit(exc: BaseException | None) -> None:

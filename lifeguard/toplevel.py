@@ -72,6 +72,10 @@ def note(
     global _bottom, _runner, _seen_in
     if _seen_in == os.getpid():
         return
+    if _tool is not None:
+        # A forked parent's watch, inherited: its tool id is taken in this process too, and
+        # its callbacks speak for the parent's lifecycle.
+        stop_watching()
     from lifeguard.signals import is_main_thread
 
     if is_main_thread():
@@ -189,8 +193,6 @@ def _watch(
             monitoring.set_local_events(_tool, frame.f_code, call)
 
     def on_unwind(code: CodeType, offset: int, exc: BaseException) -> object:
-        # Every frame left by an exception comes here (PY_UNWIND has no local form): one
-        # identity check for all but the program's own top level, which ends only once.
         if code is top_level and isinstance(exc, SystemExit):
             try:
                 exit_unwound(exc, sys._getframe(1))
@@ -198,7 +200,16 @@ def _watch(
                 pass
         return None
 
-    monitoring.register_callback(_tool, monitoring.events.PY_UNWIND, on_unwind)
+    # Every frame an exception leaves comes here (PY_UNWIND has no per-code form). The C
+    # filter passes on only the program's top level, with no Python frame of its own: a
+    # Python callback at the recursion limit turned the exception into a RecursionError.
+    try:
+        from lifeguard._ears import only_for
+
+        callback = only_for(top_level, on_unwind)
+    except ImportError:  # a checkout used without being built (lifeguard.ears says so)
+        callback = on_unwind
+    monitoring.register_callback(_tool, monitoring.events.PY_UNWIND, callback)
     monitoring.set_events(_tool, monitoring.events.PY_UNWIND)
 
 

@@ -608,6 +608,14 @@ ENDINGS = [
     ("try:\n    sys.exit({c})\nexcept SystemExit as e:\n    raise e", False),
     ("try:\n    raise_it({c})\nfinally:\n    x = 1", False),
     ("if __name__ == '__main__':\n    raise SystemExit(main())", False),
+    ("try:\n    raise SystemExit({c})\nfinally:\n    x = 1", False),
+    ("try:\n    sys.exit(3)\nexcept SystemExit:\n    raise SystemExit({c})", False),
+    ("try:\n    sys.exit(3)\nexcept SystemExit as e:\n    e.code = {c}\n    raise", False),
+    (
+        "def main2():\n    try:\n        sys.exit(2)\n    except SystemExit:\n        pass\n"
+        "    raise SystemExit({c})\nmain2()",
+        False,
+    ),
 ]
 
 
@@ -649,6 +657,42 @@ def test_randomized_exits_end_with_the_status_the_process_exits_with(tmp_path: P
             continue
         assert not assumed, f"outcome assumed; {where}"
         assert exit_code == done.returncode, f"outcome says exit {exit_code}; {where}"
+
+
+DEEPEST = """
+import sys
+{install}
+
+def dive(n):
+    if n == 0:
+        raise ValueError("deep")
+    dive(n - 1)
+
+limit = sys.getrecursionlimit()
+caught = []
+for depth in range(limit - 40, limit + 5):
+    try:
+        dive(depth)
+    except ValueError:
+        caught.append("V")
+    except RecursionError:
+        caught.append("R")
+print("".join(caught))
+"""
+
+
+def test_an_exception_at_the_recursion_limit_stays_what_it_was(
+    store: Store, tmp_path: Path
+) -> None:
+    """An exception raised in the deepest frame the recursion limit allows is caught as what it
+    is, at every depth, as without lifeguard. Seen on 3.12+: the callback that watches for a
+    SystemExit leaving the top level (PY_UNWIND, called for every frame an exception leaves)
+    was a Python function, whose own frame, one too many there, turned the ValueError into a
+    RecursionError."""
+    results = side_by_side(store, tmp_path / "deepest.py", DEEPEST)
+    assert results[True].returncode == results[False].returncode == 0, results[True].stderr
+    assert "V" in results[False].stdout and "R" in results[False].stdout
+    assert results[True].stdout == results[False].stdout
 
 
 # -- a second Ctrl-C while an exit is being finalized ------------------------------------------
