@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import shlex
 import signal
 import subprocess
@@ -435,6 +436,7 @@ def test_the_supervisor_does_not_wait_for_a_guardian_turn(
 
 SERVICE = """
 import json
+import select
 import mlflow, uvicorn
 
 run = mlflow.start_run()
@@ -490,6 +492,7 @@ def test_a_uvicorn_service_stopped_by_ctrl_c_ends_its_own_run(store: Store, tmp_
 
 OWN_OPTIONS = """
 import json
+import select
 import lifeguard
 lifeguard.install(watchdog=True, deadline=20)
 from lifeguard import api
@@ -661,3 +664,43 @@ def test_job_control_in_an_interactive_shell(store: Store, tmp_path: Path, job: 
     run = store.run(run_id)
     assert run.info.status == "FINISHED", run.data.tags
     assert run.data.tags["lifeguard.ended_by"] == "process"
+
+
+def test_ctrl_z_where_no_shell_can_continue_the_job_is_discarded(
+    store: Store, tmp_path: Path
+) -> None:
+    """``lifeguard run`` leading the terminal's session itself (``ssh -t host CMD``, ``script
+    -c``, ``docker exec -it``): no shell there can continue a stopped job, and the kernel
+    discards the terminal's Ctrl-Z for python run directly (its group is orphaned). The
+    program goes on and reads its line. Seen: the program's own group, not orphaned, stopped,
+    and nothing ever continued it."""
+    import pty
+
+    program = tmp_path / "train.py"
+    program.write_text(STOPPABLE)
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the supervisor, leading the pty's session
+        argv = [sys.executable, *RUN, str(program)]
+        os.execve(argv[0], argv, child_env(store))
+    out = bytearray()
+    try:
+        for keys, marker in ((b"", b"READY"), (b"\x1ahello\n", b"GOT hello")):
+            os.write(fd, keys)
+            give_up = time.monotonic() + CHILD_TIMEOUT
+            while marker not in out:
+                assert time.monotonic() < give_up, f"no {marker!r} in {bytes(out)!r}"
+                if select.select([fd], [], [], max(0.0, give_up - time.monotonic()))[0]:
+                    data = os.read(fd, 4096)
+                    assert data, f"no {marker!r} in {bytes(out)!r}"
+                    out.extend(data)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+        os.close(fd)
+    assert os.waitstatus_to_exitcode(status) == 0, bytes(out)
+    run_id = bytes(out).split(b"RUN ", 1)[1].split()[0].decode()
+    run = store.run(run_id)
+    assert run.info.status == "FINISHED", run.data.tags
