@@ -666,6 +666,48 @@ def test_job_control_in_an_interactive_shell(store: Store, tmp_path: Path, job: 
     assert run.data.tags["lifeguard.ended_by"] == "process"
 
 
+PAGER = """
+import sys
+for _ in range(2):  # the program's RUN and READY lines
+    print(sys.stdin.readline(), end="", flush=True)
+with open("/dev/tty") as tty:  # the keys, as less reads them
+    print("PAGER", tty.readline().strip(), flush=True)
+print(sys.stdin.read(), end="", flush=True)
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/bin/bash"), reason="needs bash for job control")
+def test_a_pager_after_the_pipe_keeps_the_terminal(store: Store, tmp_path: Path) -> None:
+    """``lifeguard run -- python train.py | less``: the pager reads the keys from the terminal
+    while the program runs, as with ``python train.py | less``. Seen: the terminal was handed
+    to the program's process group, and the pager, stopped by its read (SIGTTIN), stopped the
+    job; ``fg`` handed the terminal to the program again."""
+    program = tmp_path / "train.py"
+    program.write_text(STOPPABLE)
+    pager = tmp_path / "pager.py"
+    pager.write_text(PAGER)
+    cmd = (
+        shlex.join([sys.executable, *RUN, str(program)])
+        + " | "
+        + shlex.join([sys.executable, str(pager)])
+    )
+    shell = Shell(child_env(store, WAIT_FOR_USR1="1", NO_READ="1"))
+    try:
+        shown = shell.type(cmd.encode() + b"\n", b"READY")
+        run_id = shown.split(b"RUN ", 1)[1].split()[0].decode()
+        shown = shell.expect(b"\n", len(shell.out) - len(shown) + shown.index(b"READY"))
+        pid = int(shown.split(b"READY ", 1)[1].split()[0])
+        assert b"PAGER q" in shell.type(b"q\n", b"PAGER q")
+        mark = len(shell.out)
+        os.kill(pid, signal.SIGUSR1)
+        shell.expect(b"WOKEN", mark)
+        assert b"rc=0" in shell.type(b"echo rc=$?\n", b"rc=0")
+    finally:
+        shell.close()
+    run = store.run(run_id)
+    assert run.info.status == "FINISHED", run.data.tags
+
+
 def test_ctrl_z_where_no_shell_can_continue_the_job_is_discarded(
     store: Store, tmp_path: Path
 ) -> None:

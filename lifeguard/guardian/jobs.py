@@ -12,8 +12,8 @@ continues the job through it. So, with a terminal on stdin:
   write from the background): the supervisor's group gets the same signal, as it would have
   from the terminal for a program run directly (a wrapper in that group, ``bash -c``, ``make``,
   stops too). The shell then says "Stopped" and takes its terminal back. In an orphaned group
-  (a supervisor that leads its session: ``ssh -t host CMD``, ``script -c``) the terminal's stop
-  would have been discarded, and the program is continued at once;
+  (a supervisor that leads its session: ``ssh -t host CMD``, ``script -c``) Ctrl-Z would have
+  been discarded, and the program is continued at once;
 - the program stopped for a read or a write because it lacks the terminal that the
   supervisor's group has (``fg`` of a job running in the background: the shell hands the
   terminal over and sends nothing), or that its own group has by now: continued, with the
@@ -23,7 +23,9 @@ continues the job through it. So, with a terminal on stdin:
 - the supervisor continued (``fg``, ``bg``, ``kill -CONT``): the program is continued, and
   handed the terminal if the supervisor's group has it.
 
-The supervisor is the program's parent: the one process told of its stops (SIGCHLD).
+The supervisor is the program's parent: the one process told of its stops (SIGCHLD). In a
+pipeline (``| less``) the terminal stays with the shell's job, where the pager reads it, and
+none of this applies.
 """
 
 from __future__ import annotations
@@ -93,27 +95,54 @@ def _parent(pid: int) -> int:
         return int(f.read().rsplit(b")", 1)[1].split()[1])
 
 
+def _group_members() -> list[tuple[int, int]]:
+    """(pid, parent pid) of each process of the supervisor's group that /proc shows."""
+    group = os.getpgrp()
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    members = []
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(name)) == group:
+                members.append((int(name), _parent(int(name))))
+        except (OSError, ValueError, IndexError):  # gone meanwhile, or hidden
+            continue
+    return members
+
+
 def _orphaned() -> bool:
     """Whether the supervisor's process group is orphaned (POSIX): no member has a parent in
     another group of the same session, a shell that could continue it. The kernel discards a
     terminal's stop sent to such a group. Not known (no /proc): not orphaned."""
     group, session = os.getpgrp(), os.getsid(0)
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return False
-    for name in names:
-        if not name.isdigit():
-            continue
+    members = _group_members()
+    for _, parent in members:
         try:
-            if os.getpgid(int(name)) != group:
-                continue
-            parent = _parent(int(name))
             if parent > 0 and os.getpgid(parent) != group and os.getsid(parent) == session:
                 return False
-        except (OSError, ValueError, IndexError):  # gone meanwhile, or hidden
+        except OSError:
             continue
-    return True
+    return bool(members)
+
+
+def _in_a_pipeline() -> bool:
+    """Whether the supervisor's group holds a process that is neither the supervisor nor one
+    of its ancestors: a pipeline's other end (``lifeguard run -- python train.py | less``), which
+    needs the terminal as much as the program. A wrapper the supervisor runs under (``bash -c``,
+    ``make``) is an ancestor."""
+    ancestors = {os.getpid()}
+    pid = os.getppid()
+    while pid > 1 and pid not in ancestors:
+        ancestors.add(pid)
+        try:
+            pid = _parent(pid)
+        except (OSError, ValueError, IndexError):
+            break
+    return any(pid not in ancestors for pid, _ in _group_members())
 
 
 class JobControl:
@@ -122,7 +151,10 @@ class JobControl:
 
     def __init__(self, child: int) -> None:
         self.child = child
-        self.terminal = _terminal()
+        # In a pipeline, the terminal stays with the job's group, where the other end (a pager)
+        # reads it, as without lifeguard: nothing is handed over, and nothing followed.
+        terminal = _terminal()
+        self.terminal = terminal if terminal is not None and not _in_a_pipeline() else None
         self._saved: dict[int, object] = {}
 
     def start(self) -> None:
@@ -162,10 +194,14 @@ class JobControl:
                 _continue(self.child)
                 return
         if stop in _TERMINAL_STOPS:
-            if _orphaned():
-                _continue(self.child)
-            else:
+            if not _orphaned():
                 os.killpg(own, stop)  # the supervisor stops here, with its group
+            elif stop == signal.SIGTSTP:
+                # Ctrl-Z, discarded by the kernel for python run directly.
+                _continue(self.child)
+            # A read or a write from the background of an orphaned group fails with EIO for
+            # python run directly; the program's own group is not orphaned, and continued it
+            # would only stop again, for ever: it stays stopped.
             return
         os.kill(os.getpid(), signal.SIGSTOP)
 
