@@ -627,20 +627,22 @@ def test_job_control_in_an_interactive_shell(store: Store, tmp_path: Path, job: 
     shell = Shell(child_env(store, **extra))
     try:
         shell.type(b"set -b\n", b"PROMPT> ")  # a background job's change is told at once
+        start = len(shell.out)
         if job == "started with &":
             # Its read of the terminal from the background stops it, as it would python.
-            shown = shell.type(cmd.encode() + b"\n", b"Stopped")
+            shell.type(cmd.encode() + b"\n", b"Stopped")
         else:
-            shown = shell.type(cmd.encode() + b"\n", b"READY")
+            shell.type(cmd.encode() + b"\n", b"READY")
+            shell.expect(b"\n", shell.out.index(b"READY", start))  # the READY line whole
             assert b"Stopped" in shell.type(b"\x1a", b"PROMPT> ")
+        shown = bytes(shell.out[start:])
         run_id = shown.split(b"RUN ", 1)[1].split()[0].decode()
-        pid = int(shown.split(b"READY ", 1)[1].split()[0]) if b"READY " in shown else None
+        pid = int(shown.split(b"READY ", 1)[1].split()[0])
         if job == "Ctrl-Z, bg, fg":
             # In the background its read of the terminal stops it again (SIGTTIN).
             assert b"Stopped" in shell.type(b"bg\n", b"Stopped")
         if job == "Ctrl-Z, bg, it ends in the background":
             shell.type(b"bg\n", b"PROMPT> ")
-            assert pid is not None
             mark = len(shell.out)
             os.kill(pid, signal.SIGUSR1)
             shell.expect(b"Done", mark)
@@ -648,7 +650,6 @@ def test_job_control_in_an_interactive_shell(store: Store, tmp_path: Path, job: 
         elif job == "Ctrl-Z, bg, fg while it runs":
             shell.type(b"bg\n", b"PROMPT> ")
             shell.type(b"fg\n", b"train.py")  # the shell sends a running job no SIGCONT
-            assert pid is not None
             mark = len(shell.out)
             os.kill(pid, signal.SIGUSR1)
             shell.expect(b"WOKEN", mark)

@@ -178,6 +178,12 @@ class JobControl:
 
     def _on_sigchld(self, signum: int, frame: FrameType | None) -> None:
         try:
+            self._follow_a_stop()
+        except OSError:  # job control is a courtesy: it never takes the supervisor down
+            pass
+
+    def _follow_a_stop(self) -> None:
+        try:
             # WSTOPPED only: never reaps the exit, whose status proc.wait() must get.
             info = os.waitid(os.P_PID, self.child, os.WSTOPPED | os.WNOHANG)
         except ChildProcessError:
@@ -206,5 +212,8 @@ class JobControl:
         os.kill(os.getpid(), signal.SIGSTOP)
 
     def _on_sigcont(self, signum: int, frame: FrameType | None) -> None:
-        hand_terminal_to(self.child)
+        try:
+            hand_terminal_to(self.child)
+        except OSError:
+            pass
         _continue(self.child)
