@@ -75,7 +75,7 @@ class Lifecycle:
         self._journaled.acquire()
         self._journaling_in: int | None = None
         # The frame that called sys.exit, held until the finalizers have run (see note_exit).
-        self.exit_caller: FrameType | None = None
+        self.keep_alive: object = None
         # Finalizing because the interpreter is exiting through atexit (not finish(), not a
         # signal): the program's code has stopped, and its exception's frames are finished.
         self.exiting = False
@@ -130,7 +130,7 @@ class Lifecycle:
         # HuggingFace MLflowCallback's, verl's Tracking) would end it FINISHED before lifeguard
         # can say FAILED. Holding the calling frame keeps them alive until the finalizers ran
         # (an exception's traceback already does this for the excepthook path).
-        self.exit_caller = caller
+        self.keep_alive = caller
 
     def note_exception(self, exc: BaseException, tb: TracebackType | None) -> None:
         if isinstance(exc, SystemExit):
@@ -168,7 +168,7 @@ class Lifecycle:
                 if self.phase == Phase.INSTALLED:
                     self._end_at_exit()
         finally:
-            self.exit_caller = None  # the program's own __del__ cleanups may run now
+            self.keep_alive = None  # the program's own __del__ cleanups may run now
             # Statuses left only journaled (a write that failed or ran out of time) get a
             # replayer that outlives the process (lifeguard.lastgasp; loaded only by a
             # process that journaled something, and never imported here, at the exit).
@@ -287,7 +287,7 @@ class Lifecycle:
         self.exit_exception = None
         self.die_after = None
         self.finalize_started = None
-        self.exit_caller = None
+        self.keep_alive = None
         self.phase = Phase.INSTALLED
 
     def _skip(self) -> None:

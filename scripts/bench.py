@@ -569,7 +569,7 @@ def bench_unwind(rounds: int) -> dict[str, object]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "LIFEGUARD_"))}
 
     def one(install: str) -> Callable[[], float]:
-        code = textwrap.dedent(_UNWIND).replace("{install}", install)
+        code = _UNWIND.replace("{install}", install)  # _run dedents
         return lambda: float(_run(code, env))
 
     bare, guarded = interleave(rounds, one(""), one("import lifeguard; lifeguard.install()"))
