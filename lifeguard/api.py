@@ -7,10 +7,8 @@ import _thread
 import os
 import sys
 
-from lifeguard import lifecycle as _lifecycle
-from lifeguard.finalizers import Deferred, Handle, Registry
-from lifeguard.lifecycle import Lifecycle, Phase
-from lifeguard.names import GUARDIAN_ENV
+from lifeguard import sentry
+from lifeguard.names import GUARDIAN_ENV, MODULES
 from lifeguard.settings import Options
 
 TYPE_CHECKING = False
@@ -19,13 +17,17 @@ if TYPE_CHECKING:
 
     from lifeguard.backends.mlflow.finalizer import MlflowFinalizer
     from lifeguard.channel import Channel
-    from lifeguard.finalizers import Report
+    from lifeguard.finalizers import Handle, Registry, Report
+    from lifeguard.hooks import ProcessHooks
+    from lifeguard.lifecycle import Lifecycle
     from lifeguard.outcome import Outcome
+    from lifeguard.sentry import Posts
 
 __all__ = ["current", "finish", "install", "is_installed", "register", "track", "uninstall"]
 
 _lock = _thread.RLock()
-_registry = Registry()
+# The finalizers registered in this process (made on first use: see registry()).
+_registry: Registry | None = None
 # The built-in backend finalizers install() registered, so that uninstall() can remove them.
 _builtin_handles: list[Handle] = []
 _fork_hook_registered = False
@@ -48,13 +50,32 @@ _attached_runs: frozenset[str] = frozenset()
 
 
 def current() -> Lifecycle | None:
-    """The lifecycle installed in *this* process, if any (never a forked parent's)."""
-    return _lifecycle.current()
+    """The lifecycle installed in *this* process, if any (never a forked parent's): made now if
+    no event has needed it yet (lifeguard.sentry)."""
+    from lifeguard import lifecycle
+
+    return lifecycle.current()
+
+
+def registry() -> Registry:
+    global _registry
+    if _registry is None:
+        from lifeguard.finalizers import Registry
+
+        _registry = Registry()
+    return _registry
 
 
 def is_installed() -> bool:
     """Whether lifeguard guards this process: from install() until uninstall() or the end of
     the process. ``finish()`` leaves it installed: it re-arms for the runs started after it."""
+    posts = sentry.current()
+    if posts is None:
+        return False
+    if posts.receiver is None:
+        return True  # no event yet: nothing has begun to end
+    from lifeguard.lifecycle import Phase
+
     lifecycle = current()
     return lifecycle is not None and lifecycle.phase in (Phase.INSTALLED, Phase.FINALIZING)
 
@@ -64,8 +85,12 @@ def install(**options: object) -> None:
     configured = _configured(options)
     parsed = _options(options) if configured else Options()
     with _lock:
-        existing = current()
-        if existing is not None and existing.phase != Phase.UNINSTALLED:
+        if sentry.current() is not None:
+            from lifeguard.lifecycle import Phase
+
+            existing = current()
+            if existing is None or existing.phase == Phase.UNINSTALLED:
+                return  # made in another thread meanwhile, and not yet: theirs is the install
             if existing is _installed_at_start:
                 # The program's own call, after `lifeguard run` installed on its behalf.
                 _installed_at_start = None
@@ -91,17 +116,23 @@ def install(**options: object) -> None:
         # PID 1 forks first, while no thread of lifeguard's runs yet and before anything
         # records this process's pid (guardian/init.py): the child is the program.
         pid1_guardian = _guard_pid1(parsed)
-        lifecycle = Lifecycle(parsed, _registry)
-        if pid1_guardian is not None:
-            lifecycle.channel, lifecycle.guardian_pid = pid1_guardian
         # Raises (wrong thread) before any state changes.
-        lifecycle.hooks.install(parsed.signals)
-        _lifecycle.set_current(lifecycle)
-        lifecycle.hooks.see_the_program()
+        posts = sentry.arm(parsed.signals, _maker(parsed, pid1_guardian), _work(parsed))
+        sentry.see_the_program()
+        if not (
+            pid1_guardian is not None
+            or GUARDIAN_ENV in os.environ
+            or parsed.watchdog
+            or posts.has_work()
+        ):
+            # Nothing to connect to and no tracker in use: the lifecycle is made when the first
+            # event needs it (lifeguard.sentry).
+            _replay_journal_in_background()
+            return
+        lifecycle = current()
+        assert lifecycle is not None  # armed, in this thread
         _connect_guardian(lifecycle)
         _replay_journal_in_background()
-        if not _builtin_handles:
-            _register_builtins(parsed, lifecycle)
         if parsed.mlflow and "mlflow.tracking.fluent" in sys.modules:
             # mlflow already loaded (its import did not find lifeguard installed).
             from lifeguard.backends.mlflow.finalizer import preload_the_signal_path
@@ -112,6 +143,35 @@ def install(**options: object) -> None:
             from lifeguard.backends.mlflow.heartbeat import start_for
 
             start_for(parsed.heartbeat)
+
+
+def _maker(
+    options: Options, pid1_guardian: tuple[Channel, int] | None
+) -> Callable[[Posts], ProcessHooks]:
+    """What makes the lifecycle for the posts install() arms, when the first event needs it
+    (any thread: nothing here may need the main thread, nor ``_lock``, which a thread that
+    waits for the making may hold)."""
+
+    def make(posts: Posts) -> ProcessHooks:
+        from lifeguard import lifecycle as _lifecycle
+
+        lifecycle = _lifecycle.Lifecycle(options, registry(), posts)
+        if pid1_guardian is not None:
+            lifecycle.channel, lifecycle.guardian_pid = pid1_guardian
+        _lifecycle.set_current(lifecycle)
+        if not _builtin_handles:
+            _register_builtins(options, lifecycle)
+        return lifecycle.hooks
+
+    return make
+
+
+def _work(options: Options) -> tuple[str, ...]:
+    """The modules whose presence means a built-in finalizer has something to end."""
+    work = ["mlflow.tracking.fluent"] if options.mlflow else []
+    for name in options.trackers:
+        work += MODULES.get(name, ())
+    return tuple(work)
 
 
 def _configured(options: dict[str, object]) -> bool:
@@ -149,7 +209,8 @@ def _register_builtins(options: Options, lifecycle: Lifecycle) -> None:
     The registry runs newest first, so they are registered last-to-run first, and a program's
     own finalizers, registered after install(), run before all of them. Each is loaded when it
     first has work (finalizers.Deferred): install() loads no backend's code."""
-    from lifeguard.names import MODULES, RUN_ORDER
+    from lifeguard.finalizers import Deferred
+    from lifeguard.names import RUN_ORDER
 
     for name in reversed(RUN_ORDER):
         if name == "mlflow":
@@ -162,7 +223,7 @@ def _register_builtins(options: Options, lifecycle: Lifecycle) -> None:
             finalizer = Deferred(name, MODULES[name], _backend_finalizer(name))
         else:
             continue
-        _builtin_handles.append(_registry.add(finalizer, name=name))
+        _builtin_handles.append(registry().add(finalizer, name=name))
 
 
 def _mlflow_finalizer(options: Options) -> Callable[[], MlflowFinalizer]:
@@ -328,14 +389,18 @@ def _stand_the_sidecar_down(lifecycle: Lifecycle) -> None:
 def register(
     finalizer: Callable[[Outcome], object], *, name: str | None = None, ranks: object = "all"
 ) -> Handle:
-    return _registry.add(finalizer, name, ranks)
+    # A finalizer to run at the end: the lifecycle that runs it is made first, with the built-in
+    # finalizers, which run after the program's own.
+    current()
+    return registry().add(finalizer, name, ranks)
 
 
 def track(obj: object, *, method: str | None, name: str | None, ranks: object) -> Handle:
     from lifeguard.backends.generic import Closer
 
     closer = Closer(obj, method)
-    return _registry.add(closer, name or closer.describe(), ranks)
+    current()
+    return registry().add(closer, name or closer.describe(), ranks)
 
 
 def finish(exit_code: int = 0, *, outcome: Outcome | None = None) -> list[Report]:
@@ -348,6 +413,8 @@ def finish(exit_code: int = 0, *, outcome: Outcome | None = None) -> list[Report
         outcome = Outcome.exited(exit_code)
     elif not isinstance(outcome, Outcome):
         raise TypeError(f"outcome must be a lifeguard.Outcome, not {type(outcome).__name__}")
+    from lifeguard.lifecycle import Phase
+
     lifecycle = current()
     if lifecycle is not None and lifecycle.phase == Phase.INSTALLED:
         reports = lifecycle.finalize(outcome)
@@ -356,12 +423,14 @@ def finish(exit_code: int = 0, *, outcome: Outcome | None = None) -> list[Report
     from lifeguard.settings import DEFAULT_DEADLINE
 
     deadline = lifecycle.options.deadline if lifecycle is not None else DEFAULT_DEADLINE
-    return _registry.run_all(outcome, deadline)
+    return registry().run_all(outcome, deadline)
 
 
 def _rearm(lifecycle: Lifecycle) -> None:
     """Runs started after finish() get owner tags, a heartbeat and an ending like any other:
     the built-in finalizers are registered anew and the lifecycle is installed again."""
+    from lifeguard.lifecycle import Phase
+
     with _lock:
         lifecycle.rearm()
         if lifecycle.phase != Phase.INSTALLED:
@@ -391,7 +460,8 @@ def _after_fork_in_child() -> None:
     init = sys.modules.get("lifeguard.guardian.init")
     if init is not None and init.forking:
         return  # PID 1's fork: the child is the program itself, not a forked worker
-    lifecycle = _lifecycle._current
+    made = sys.modules.get("lifeguard.lifecycle")
+    lifecycle = made._current if made is not None else None
     fluent = sys.modules.get("mlflow.tracking.fluent")
     if fluent is not None:
         try:
@@ -401,8 +471,6 @@ def _after_fork_in_child() -> None:
             )
         except Exception:  # noqa: BLE001 - MLflow's internals moved: end nothing inherited
             pass
-    if lifecycle is not None:
-        lifecycle.hooks.signals.after_fork_in_child()
     if lifecycle is not None and lifecycle.channel is not None:
         from lifeguard.channel import WATCHDOG
 
@@ -416,7 +484,8 @@ def _after_fork_in_child() -> None:
             lifecycle.channel.close()
         lifecycle.channel = None
     _lock = _thread.RLock()
-    _registry = Registry()
-    _lifecycle.set_current(None)
+    _registry = None
+    if made is not None:
+        made.set_current(None)
     _builtin_handles = []
     _sidecar = None

@@ -14,7 +14,7 @@ sqlite's lock), writes the entries, retrying with backoff for a bounded time
 Nothing is done, and nothing is started, when everything was written: the journal tells this
 module of each entry it writes and removes (:func:`note_kept`, :func:`note_gone`), and a process
 that never journaled never even imports it. The two places a process ends call
-:func:`leave_replayer`: ``lifeguard.signals`` just before it kills the process by a signal, and
+:func:`leave_replayer`: ``lifeguard.death`` just before it kills the process by a signal, and
 the lifecycle at the end of the atexit finalization. Both look this module up in ``sys.modules``
 and never import it: an import at the instant of death could wait on an import lock that the
 interrupted program holds.

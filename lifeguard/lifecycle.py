@@ -13,9 +13,10 @@ import os
 import sys
 import time
 
+from lifeguard import sentry
+from lifeguard.death import die
 from lifeguard.finalizers import Registry
 from lifeguard.hooks import ProcessHooks
-from lifeguard.signals import die
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from lifeguard.ending import Event
     from lifeguard.finalizers import Deferred, Report
     from lifeguard.outcome import Outcome
+    from lifeguard.sentry import Posts
     from lifeguard.settings import Options
 
 __all__ = ["Lifecycle", "Phase", "current", "set_current"]
@@ -42,7 +44,7 @@ class Phase:
 
 
 class Lifecycle:
-    def __init__(self, options: Options, registry: Registry) -> None:
+    def __init__(self, options: Options, registry: Registry, posts: Posts) -> None:
         self.options = options
         self.registry = registry
         self.pid = os.getpid()
@@ -57,7 +59,7 @@ class Lifecycle:
         # A non-blocking acquire is one C call: atomic against threads *and* against a signal
         # handler interrupting this very thread, which a check-then-set on an attribute is not.
         self._once = _thread.allocate_lock()
-        self.hooks = ProcessHooks(self)
+        self.hooks = ProcessHooks(self, posts)
         # The pipe to a guardian (watchdog or supervisor), if there is one.
         self.channel: Channel | None = None
         self.guardian_pid: int | None = None  # the watchdog's, if this process started one
@@ -160,7 +162,7 @@ class Lifecycle:
 
     def on_interpreter_exit(self) -> None:
         try:
-            self.hooks.signals.wait_for_the_listener()
+            self.hooks.posts.wait_for_the_listener()
             if self.owns_process():
                 # The main thread got to the end while the ender finalizes for a signal: the
                 # process dies of that signal, not of this exit.
@@ -244,13 +246,13 @@ class Lifecycle:
         self.phase = Phase.FINALIZING
         self.outcome = outcome
         reports: list[Report] = []
-        signals = self.hooks.signals
+        posts = self.hooks.posts
         try:
             if "logging" in sys.modules:  # never import logging just for this line
                 from lifeguard._log import logger
 
                 logger().debug("finalizing with %r", outcome)
-            signals.guard()  # from the main thread: a Ctrl-C now ends the process
+            posts.guard()  # from the main thread: a Ctrl-C now ends the process
             if self._journaled.locked():
                 self._journaling_in = _thread.get_ident()
             try:
@@ -258,7 +260,7 @@ class Lifecycle:
                     outcome, self.options.deadline, prepared=self._note_journaled
                 )
             finally:
-                signals.unguard()
+                posts.unguard()
             return reports
         finally:
             self._note_journaled()
@@ -304,14 +306,19 @@ class Lifecycle:
             self.phase = Phase.UNINSTALLED
 
 
-# The lifecycle install() set up in this process. Held here, in the domain module, so that the
+# The lifecycle made for this process's posts. Held here, in the domain module, so that the
 # backends can reach it without importing the public API module (which imports them).
 _current: Lifecycle | None = None
 
 
 def current() -> Lifecycle | None:
-    """The lifecycle installed in *this* process, if any (never a forked parent's)."""
+    """The lifecycle installed in *this* process, if any (never a forked parent's): made now if
+    install() armed the posts and no event has needed it yet (lifeguard.sentry)."""
     lifecycle = _current
+    posts = sentry.current()
+    if posts is not None and (lifecycle is None or lifecycle.hooks.posts is not posts):
+        posts.made()
+        lifecycle = _current
     if lifecycle is None or not lifecycle.owns_process():
         return None
     return lifecycle

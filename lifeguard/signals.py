@@ -4,7 +4,8 @@
    handler catches it) and, in front of that C handler, lifeguard's own, which writes the
    signal's number and the time it came to the pipe that one *listener* thread reads
    (``lifeguard.ears``). The wakeup fd stays the program's: asyncio, trio and uvloop take it for
-   their loops, whenever they like.
+   their loops, whenever they like. Those handlers, the listener and what they replaced are the
+   posts' (``lifeguard.sentry``); what a signal means is this module's.
 2. At delivery, the pipe gets written, whatever the main thread is doing: running Python, stuck
    in a C call, or interrupted in the middle of a store write while holding sqlite's lock, an
    import lock or stdout's lock. Only while lifeguard's handler is the one in place: a signal is
@@ -32,18 +33,17 @@ kernel look for that handler), and the hooks see it only if it ends the program
 An ignored signal is not hooked at all. A handler the program sets is obeyed, and the listener
 is deaf to that signal until lifeguard's is back (trio's ``open_signal_receiver`` puts it back on
 its way out); one a library hands back to its default action (asyncio's loop, closing) is
-lifeguard's again (``_wrap_dispositions``).
+lifeguard's again (``Posts.program_sets``).
 """
 
 from __future__ import annotations
 
 import _thread
-import os
 import sys
 import time
 
-from lifeguard._threads import remember_the_programs_mask, take_no_signals
-from lifeguard.ears import Ears, wait
+from lifeguard._threads import is_main_thread, main_thread_ident, take_no_signals
+from lifeguard.death import die, die_by_signal
 from lifeguard.names import PACKAGES
 
 TYPE_CHECKING = False
@@ -54,8 +54,7 @@ if TYPE_CHECKING:
     from typing import Protocol
 
     from lifeguard.outcome import Outcome
-
-    Handler = Callable[[int, FrameType | None], object] | int | None
+    from lifeguard.sentry import Handler, Posts
 
     class Work(Protocol):
         def has_work(self) -> bool: ...
@@ -88,18 +87,7 @@ else:
     # whole budget in a fresh interpreter. Same API.
     import _signal
 
-__all__ = [
-    "REPEAT_WINDOW",
-    "SignalWatch",
-    "die",
-    "die_by_signal",
-    "die_from_any_thread",
-    "ending_noticed",
-]
-
-# The interpreter's own function, before a SignalWatch wraps it (see _wrap_dispositions): every
-# call of lifeguard's goes to this one.
-_set_handler = _signal.signal
+__all__ = ["REPEAT_WINDOW", "SignalWatch", "ending_noticed"]
 
 # Two deliveries of the same signal closer than this are one stop, not an escalation. slurmd
 # sends each srun task two SIGTERMs 3-9 ms apart on a time limit or a preemption; a person's
@@ -117,120 +105,12 @@ def ending_noticed() -> bool:
     return _ending_noticed
 
 
-def _signal_time() -> float:
-    """The time a taken-over signal came, after noting that one did (see _ending_noticed)."""
+def _signal_time(at: float | None = None) -> float:
+    """The time a taken-over signal came (now, unless the listener read it before it made the
+    lifecycle: ``at``), after noting that one did (see _ending_noticed)."""
     global _ending_noticed
     _ending_noticed = True
-    return time.time()
-
-
-def die_by_signal(signum: int) -> None:
-    """From the main thread: end the process by ``signum``'s default action."""
-    try:
-        _last_gasp()
-        if signum != _signal.SIGKILL:  # SIGKILL's disposition is always the default
-            _deafen(signum)
-            try:
-                _set_handler(signum, _signal.SIG_DFL)
-            except ValueError:  # not the main thread after all: die the other way
-                die_from_any_thread(signum)
-            _signal.pthread_sigmask(_signal.SIG_UNBLOCK, {signum})
-        _signal.raise_signal(signum)
-    finally:
-        # Only reached if the default action did not end the process (it always does for the
-        # signals lifeguard accepts); exit with the shell's code rather than return into code
-        # that believes it is dead.
-        os._exit(128 + signum)
-
-
-def die_from_any_thread(signum: int) -> None:
-    """End the process by ``signum``'s default action from any thread. ``signal.signal()`` is
-    refused outside the main thread, so the disposition is reset through libc itself."""
-    try:
-        _last_gasp()
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
-        libc.signal.restype = ctypes.c_void_p
-        _deafen(signum)
-        libc.signal(signum, None)  # SIG_DFL is the null handler
-        # To the process, not this thread (which blocks every signal): the kernel picks a
-        # thread that does not, and the default action ends them all.
-        os.kill(os.getpid(), signum)
-        # A fatal signal sent to the process starts its group exit before kill() returns; this
-        # wait is never reached in practice, and only keeps os._exit from racing the delivery.
-        time.sleep(1.0)
-    finally:
-        os._exit(128 + signum)
-
-
-def _deafen(signum: int) -> None:
-    """Before the default action is set: lifeguard's C handler, in front of CPython's while
-    lifeguard hears the signal (``lifeguard.ears``), must not be put back over it."""
-    ears = sys.modules.get("lifeguard._ears")
-    if ears is not None:
-        try:
-            ears.unregister(signum)
-        except (OSError, ValueError):  # not a signal that can be heard
-            pass
-
-
-def _last_gasp() -> None:
-    """Statuses this process leaves only journaled get a replayer that outlives it
-    (``lifeguard.lastgasp``). Looked up, never imported, at the instant of death; a process
-    that journaled nothing never loaded it, and has nothing to leave."""
-    # getattr: the module is in sys.modules while another thread still imports it (the ender's
-    # first journal entry). Half made, it has no leave_replayer yet, and nothing kept either.
-    # Anything raised here would go past the kill to os._exit(128 + signum): an exit code where
-    # the process must die of the signal.
-    leave_replayer = getattr(sys.modules.get("lifeguard.lastgasp"), "leave_replayer", None)
-    if leave_replayer is None:
-        return
-    try:
-        leave_replayer()
-    except Exception:  # noqa: BLE001 - nothing may keep the process from the death it was sent
-        pass
-
-
-# The main thread's ident, taken at install() once a handler is set (which only the main thread
-# may do), and again in a forked child (whose one thread CPython makes its main one). Not
-# threading's: a program may never import it, and lifeguard's own threads start without it;
-# before 3.13, a threading first imported from such a thread (the ender's logging) takes *that*
-# thread for the main one. Either way the ender took itself for the main thread, could not
-# reset the signal's handler from there, and the process exited 143 instead of dying of SIGTERM.
-_main_ident: int | None = None
-
-
-def _remember_the_main_thread() -> None:
-    global _main_ident
-    if _main_ident is None:
-        os.register_at_fork(after_in_child=_remember_the_main_thread)
-    _main_ident = _thread.get_ident()
-
-
-def is_main_thread() -> bool:
-    if _main_ident is not None:
-        return _thread.get_ident() == _main_ident
-    threading = sys.modules.get("threading")
-    # Never installed with a handler: no thread of lifeguard's runs; threading knows best.
-    return threading is None or threading.current_thread() is threading.main_thread()
-
-
-def _thread_name() -> str:
-    import threading
-
-    return threading.current_thread().name
-
-
-def _main_thread_ident() -> int | None:
-    if _main_ident is not None:
-        return _main_ident
-    threading = sys.modules.get("threading")
-    if threading is None:
-        return None
-    ident: int | None = threading.main_thread().ident
-    return ident
+    return time.time() if at is None else at
 
 
 def _holds_nothing(frame: FrameType | None) -> bool:
@@ -291,10 +171,6 @@ DEATH_WAIT = 5.0
 # step (milliseconds): the process then dies without writing them, but they are in the journal.
 JOURNAL_WAIT = 1.0
 
-# How long the exit waits for a listener thread just started to run (see wait_for_the_listener):
-# a thread is scheduled within milliseconds even on a loaded machine; past this, exit anyway.
-LISTENER_WAIT = 5.0
-
 # A main thread outside every tracker call, seen on the same instruction this long (the ender
 # handing over the GIL every millisecond meanwhile), is taken for stuck in a C call: its handler,
 # and the contextvars it hands over, are not waited for. One that runs Python moves on at once,
@@ -303,21 +179,18 @@ STILL = 0.02
 
 
 class SignalWatch:
-    """The signal side of one lifecycle: handlers, the listener thread and the ender."""
+    """What a signal means to one lifecycle: the ender, the main thread's part, escalation. The
+    handlers it is called from, and the listener that hears the signals, are the posts'
+    (lifeguard.sentry)."""
 
-    def __init__(self, lifecycle: Finalization, on_unwind: Callable[[], object]) -> None:
+    def __init__(
+        self, lifecycle: Finalization, posts: Posts, on_unwind: Callable[[], object]
+    ) -> None:
         self._lifecycle = lifecycle
+        self.posts = posts
         # Called when a chained handler raises (KeyboardInterrupt unwinding through the
         # program): lifeguard's atexit hook must come before the trackers' own (hooks.py).
         self._on_unwind = on_unwind
-        self.saved: dict[int, Handler] = {}
-        # Signals whose previous action was the default: lifeguard ends the process for these.
-        self.takeover: frozenset[int] = frozenset()
-        # Signals left to Python's own default_int_handler (Ctrl-C's KeyboardInterrupt, which
-        # asyncio.run, a REPL and a Jupyter kernel each expect to find in place): lifeguard's
-        # handler stands in for it only while finalizing (see guard), so that a second Ctrl-C
-        # then means "now".
-        self.watched: frozenset[int] = frozenset()
         # The first signal taken over and when it came; None until one comes.
         self.first: tuple[int, float] | None = None
         # When it came on time.monotonic()'s clock, which a delivery's record also tells (see
@@ -327,21 +200,11 @@ class SignalWatch:
         # The signal whose chained handler runs now: a sys.exit() from inside it (Ray's SIGTERM
         # handler calls sys.exit(1)) is that signal's doing, not a plain exit.
         self.in_handler_for: int | None = None
-        # The listener's ears: lifeguard's C handler in front of CPython's for each signal
-        # heard now (lifeguard.ears). The wakeup fd stays the program's.
-        self.ears = Ears()
-        self._listening = False
-        # Released by the listener thread once it runs (see wait_for_the_listener).
-        self._listener_runs: _thread.LockType | None = None
-        # The C function the program calls, while lifeguard's wrapper stands in for it.
-        self._wrapped: dict[str, object] = {}
         self._parked = False
-        # Set once the ender thread is started: the process is on its way to die of a signal.
-        self.ending = False
         # Set while the main thread waits at its park (the ender need not wait for it).
         self.parked_now = False
         # Set while the main thread runs lifeguard's handler for a taken-over signal (see
-        # handler): a delivery in the middle of it is the listener's alone.
+        # on_signal): a delivery in the middle of it is the listener's alone.
         self._handling = False
         # Never released: a parked thread waits on it for the death that follows finalizing.
         self._death = _thread.allocate_lock()
@@ -352,222 +215,32 @@ class SignalWatch:
         # the listener makes the process die of it, finished or not (see _overdue).
         self.die_by: float | None = None
 
-    # -- install / uninstall -------------------------------------------------------------------
+    @property
+    def ending(self) -> bool:
+        """Set once the ender thread is started: the process is on its way to die of a signal."""
+        return self.posts.ending
 
-    def install(self, signals: tuple[int, ...]) -> None:
-        """Main thread only: Python allows signal handlers to be set nowhere else."""
-        remember_the_programs_mask()
-        watched = []
-        for signum in signals:
-            previous = _unwrap(signum, _signal.getsignal(signum))
-            if previous == _signal.SIG_IGN or previous is None:
-                # SIG_IGN: the program (or nohup) chose to ignore it; it must stay ignored.
-                # None: a handler set from C that Python cannot call, so it cannot be chained;
-                # replacing it would lose it.
-                continue
-            # Python's default_int_handler stays (set again to itself: the same check of the
-            # thread as for the others): Ctrl-C raises KeyboardInterrupt as without lifeguard,
-            # and the excepthook and atexit see it only if it ends the program.
-            keep = previous is _signal.default_int_handler
-            try:
-                _set_handler(signum, previous if keep else self.handler)
-            except ValueError:  # "signal only works in main thread of the main interpreter"
-                self.restore()
-                raise RuntimeError(
-                    "lifeguard.install() hooks signals, which Python allows only in the main "
-                    f"thread, but it was called from thread {_thread_name()!r}. Call it at "
-                    "program start, or pass signals=() to hook only atexit, excepthook and "
-                    "sys.exit."
-                ) from None
-            if keep:
-                watched.append(signum)
-            self.saved[signum] = previous
-        self.watched = frozenset(watched)
-        if self.saved and _main_ident is None:
-            _remember_the_main_thread()  # a handler was set: this is the main thread
-        self.takeover = frozenset(s for s, p in self.saved.items() if p == _signal.SIG_DFL)
-        if self.takeover:
-            self._start_listener()
-            for signum in self.takeover:
-                self.ears.hear(signum)
-        if self.saved:
-            self._wrap_dispositions()
+    # -- what the listener heard ---------------------------------------------------------------
 
-    def restore(self) -> None:
-        """Put back the previous handlers where lifeguard's is still the one in place: a handler
-        the program installed after lifeguard's is the program's, and stays."""
-        self._unwrap_dispositions()
-        for signum, previous in self.saved.items():
-            if _signal.getsignal(signum) == self.handler:
-                self.ears.deafen(signum)
-                _set_handler(signum, previous)
-        self.saved.clear()
-        self._stop_listener()
+    def heard(self, deliveries: list[tuple[int, float]], at: float | None) -> None:
+        """The listener read ``deliveries`` (number, monotonic time each came) from the pipe:
+        each came while lifeguard's handler was the one in place (see lifeguard.ears), and is
+        lifeguard's signal, however late the listener read it. ``at``: when it read them, if
+        it had to make the lifecycle first."""
+        now = _signal_time(at)
+        for signum, came in deliveries:
+            self.notice(signum, now, escalate=True, came=came)
+        self._bound_the_wait()
 
-    def guard(self) -> None:
-        """Main thread, as finalizing begins: lifeguard's handler stands in for
-        ``default_int_handler`` on the watched signals, so that a Ctrl-C now ends the process
-        (at once, or once the finalizers are done) instead of raising KeyboardInterrupt into
-        them. :meth:`unguard` puts Python's back."""
-        if not is_main_thread():
-            return
-        for signum in self.watched:
-            if _signal.getsignal(signum) is _signal.default_int_handler:
-                self._set(signum, self.handler)
+    def listen_timeout(self) -> float | None:
+        """How long the listener may wait for the next delivery: for ever, unless a signal waits
+        for the finalizing of an exit or a crash to be done (see _bound_the_wait)."""
+        die_by = self.die_by
+        return None if die_by is None else die_by - time.monotonic()
 
-    def unguard(self) -> None:
-        if not is_main_thread():
-            return
-        for signum in self.watched:
-            if _signal.getsignal(signum) == self.handler:
-                self._set(signum, _signal.default_int_handler)
-
-    def _should_hear(self, signum: int, handler: Handler) -> bool:
-        """Whether the listener hears ``signum`` while ``handler`` is in place: whenever it is
-        lifeguard's, and Ctrl-C's ``default_int_handler`` too once the process is on its way
-        to die of another signal (a Ctrl-C then means "now", even to a main thread stuck in
-        C that never runs a handler)."""
-        if handler == self.handler:
-            # Not for a signal whose handler before lifeguard's was the program's: the main
-            # thread calls that one (see _chain), and the listener has no say.
-            return signum in self.takeover or signum in self.watched
-        return self.ending and signum in self.watched and handler is _signal.default_int_handler
-
-    def _set(self, signum: int, handler: Handler) -> Handler:
-        """Set ``signum``'s handler (main thread), the listener hearing it exactly while that
-        handler is lifeguard's. Deafened first: unregistering puts back the C handler that
-        lifeguard's chained to, and only then may ``signal.signal`` set what it sets."""
-        if signum in self.ears.heard:
-            self.ears.deafen(signum)
-        try:
-            return _set_handler(signum, handler)
-        finally:
-            if self._should_hear(signum, _signal.getsignal(signum)):
-                self.ears.hear(signum)
-
-    def _hear_watched(self) -> None:
-        """The process is on its way to die of a signal: from now on, a Ctrl-C is heard too."""
-        if not self.ears.is_open:
-            return
-        for signum in self.watched:
-            if self._should_hear(signum, _signal.getsignal(signum)):
-                self.ears.hear(signum)
-
-    def _start_listener(self) -> None:
-        if self._listening:
-            return
-        self._listening = True
-        self.ears.open()
-        runs = self._listener_runs = _thread.allocate_lock()
-        runs.acquire()
-        _thread.start_new_thread(self._listen, (self.ears.listen(), runs))
-
-    def wait_for_the_listener(self) -> None:
-        """Block until the listener thread has run, at most LISTENER_WAIT (at once, nearly
-        always). Until a thread has run, CPython (3.10 to 3.12) has not set up its state: an
-        interpreter that finalized meanwhile (a program that ends just after install()) would
-        free the memory the thread then writes, and the process would die of SIGSEGV instead of
-        exiting as it would have. So the exit hook and uninstall() wait for it, as
-        threading.Thread.start() does; install() does not, on a loaded machine a thread may be
-        scheduled milliseconds later, and a program that runs on never has to wait."""
-        runs = self._listener_runs
-        if runs is not None and runs.acquire(timeout=LISTENER_WAIT):
-            runs.release()
-
-    def _stop_listener(self) -> None:
-        if not self._listening:
-            return
-        self.wait_for_the_listener()
-        self._listening = False
-        self.ears.close()  # end-of-file ends the listener
-        self.ears = Ears()
-
-    def after_fork_in_child(self) -> None:
-        """The pipes are shared with the parent, whose listener did not survive the fork: the
-        child's signals go to CPython's handler alone, as they did before lifeguard."""
-        self.ears.forget_after_fork()
-        self._listening = False
-        self._listener_runs = None
-
-    # -- dispositions the program sets, and hands back ----------------------------------------
-
-    def _wrap_dispositions(self) -> None:
-        """Keep lifeguard's signal path in force when a library hands the signals back, and the
-        listener hearing exactly while lifeguard's handler is in place.
-
-        asyncio's ``loop.add_signal_handler`` takes a signal (the program's choice, which
-        stands); when the loop closes it sets the signal back to SIG_DFL, and without this a
-        SIGTERM during the synchronous training that follows would kill the process unheard.
-        So, while lifeguard is installed, ``signal.signal(sig, SIG_DFL)`` for a signal lifeguard
-        hooked gives it back to lifeguard, whose handler is the default action plus the
-        finalizers. ``signal.signal`` looks ``_signal.signal`` up at each call, so wrapping the
-        C function is enough."""
-        watch = self
-
-        def signal(signalnum: int, handler: Handler, /) -> Handler:
-            return watch._program_sets(signalnum, handler)
-
-        signal.__name__ = signal.__qualname__ = "signal"
-        signal.__doc__ = _set_handler.__doc__
-        self._wrapped["signal"] = signal
-        setattr(_signal, "signal", signal)  # noqa: B010 - the interpreter's C module
-
-    def _unwrap_dispositions(self) -> None:
-        wrapper = self._wrapped.pop("signal", None)
-        if wrapper is not None and _signal.signal is wrapper:
-            setattr(_signal, "signal", _set_handler)  # noqa: B010 - the interpreter's C module
-
-    def _program_sets(self, signalnum: int, handler: Handler) -> Handler:
-        """The program sets a signal's handler. Back at the default action, a signal lifeguard
-        hooked is lifeguard's, default action and all (a ``signal.signal(SIGINT, SIG_DFL)``
-        too: "Ctrl-C just kills me"); back at Python's ``default_int_handler``,
-        KeyboardInterrupt's. Any other handler is the program's, and the listener stops hearing
-        the signal until lifeguard's is back (trio's ``open_signal_receiver`` puts it back on
-        its way out)."""
-        try:
-            signum = int(signalnum)
-        except (TypeError, ValueError):
-            return _set_handler(signalnum, handler)  # raises as it would without lifeguard
-        lifecycle = self._lifecycle
-        if signum not in self.saved or not lifecycle.owns_process() or not is_main_thread():
-            return _set_handler(signalnum, handler)
-        if lifecycle.is_installed():
-            if handler == _signal.SIG_DFL:
-                handler = self.handler
-                self.saved[signum] = _signal.SIG_DFL
-                self.takeover |= {signum}
-                self.watched -= {signum}
-                self._start_listener()
-            elif handler is _signal.default_int_handler:
-                self.saved[signum] = handler
-                self.takeover -= {signum}
-                self.watched |= {signum}
-        return self._set(signum, handler)
-
-    # -- the listener thread -------------------------------------------------------------------
-
-    def _listen(self, read_fd: int, running: _thread.LockType) -> None:
-        """What is in the pipe came while lifeguard's handler was the one in place (see
-        lifeguard.ears): lifeguard's signal, however late this thread reads it."""
-        take_no_signals()
-        running.release()
-        while True:
-            die_by = self.die_by
-            heard = wait(read_fd, None if die_by is None else die_by - time.monotonic())
-            if heard is None:
-                try:
-                    os.close(read_fd)
-                except OSError:  # closed already (a daemonizing program's closerange)
-                    pass
-                return
-            if not heard:
-                if self.die_by is not None and time.monotonic() >= self.die_by:
-                    self._overdue()
-                continue
-            now = _signal_time()
-            for signum, came in heard:
-                self.notice(signum, now, escalate=True, came=came)
-            self._bound_the_wait()
+    def timed_out(self) -> None:
+        if self.die_by is not None and time.monotonic() >= self.die_by:
+            self._overdue()
 
     def _bound_the_wait(self) -> None:
         """A signal came while finalizing an exit or a crash: the process dies of it once the
@@ -600,8 +273,8 @@ class SignalWatch:
         first = self._note_first(signum, at, came)
         if first is None:
             if lifecycle.is_installed():
-                self.ending = True
-                self._hear_watched()
+                self.posts.ending = True
+                self.posts.hear_watched()
                 self._hold_the_interpreter_open()
                 try:
                     _thread.start_new_thread(self._end, (signum, at))
@@ -740,7 +413,7 @@ class SignalWatch:
         main thread's handler is waited for, which hands over its contextvars, and only while
         the main thread runs Python: one that stays on the same instruction for ``STILL`` is
         stuck in a C call, and its handler runs only once that call returns."""
-        main = _main_thread_ident()
+        main = main_thread_ident()
         if main is None or not self._lifecycle.registry.has_work():
             return
         now = time.monotonic()
@@ -767,17 +440,12 @@ class SignalWatch:
 
     # -- the Python-level handler (main thread) ------------------------------------------------
 
-    def handler(self, signum: int, frame: FrameType | None) -> None:
-        previous = self.saved.get(signum, _signal.SIG_DFL)
+    def on_signal(self, signum: int, frame: FrameType | None) -> None:
+        """The Python-level handler's part (the posts' handler calls it), in the main thread."""
+        posts = self.posts
+        previous = posts.saved.get(signum, _signal.SIG_DFL)
         lifecycle = self._lifecycle
-        if not lifecycle.owns_process():
-            # A forked child that inherited the handler but not the lifecycle: act as the
-            # previous disposition would.
-            if callable(previous):
-                previous(signum, frame)
-                return
-            die_by_signal(signum)
-        if signum in self.takeover:
+        if signum in posts.takeover:
             if self._handling:
                 # Delivered while this handler runs for an earlier one (a storm of SIGTERMs):
                 # the listener heard it and escalates if it must; the call below parks. Nested,
@@ -807,7 +475,7 @@ class SignalWatch:
         if self.ending:
             # A Ctrl-C from now on ends the process at once, rather than raise
             # KeyboardInterrupt into a main thread that waits for its death.
-            self.guard()
+            self.posts.guard()
             if _holds_nothing(frame):
                 # Interrupted outside every tracker, import and logging call: nothing the
                 # finalizers need is held here. Wait right here for the ender to end the
@@ -911,21 +579,3 @@ class SignalWatch:
                 self._death.acquire(timeout=DEATH_WAIT)
         finally:
             self._handling = handling
-
-
-def die(signum: int) -> None:
-    """End the process by ``signum``'s default action, now, from whichever thread: the one way
-    lifeguard ends a process (the signal path's and the lifecycle's)."""
-    if is_main_thread():
-        die_by_signal(signum)
-    die_from_any_thread(signum)
-
-
-def _unwrap(signum: int, handler: Handler) -> Handler:
-    """A handler inherited from a forked parent's lifeguard stands for what it replaced: a
-    child's own install() must chain to that, not to the parent's lifecycle."""
-    while True:
-        watch = getattr(handler, "__self__", None)
-        if not isinstance(watch, SignalWatch) or watch._lifecycle.owns_process():
-            return handler
-        handler = watch.saved.get(signum, _signal.SIG_DFL)

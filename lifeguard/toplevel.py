@@ -76,7 +76,7 @@ def note(
         # A forked parent's watch, inherited: its tool id is taken in this process too, and
         # its callbacks speak for the parent's lifecycle.
         stop_watching()
-    from lifeguard.signals import is_main_thread
+    from lifeguard._threads import is_main_thread
 
     if is_main_thread():
         top: FrameType | None = sys._getframe(1)

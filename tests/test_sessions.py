@@ -455,7 +455,7 @@ def test_signals_an_asyncio_loop_hands_back_are_lifeguards_again(
 WAKEUP_FD = """
 import _signal, os, signal, socket, sys
 import lifeguard
-from lifeguard import signals as lg_signals
+from lifeguard import sentry
 
 before = signal.set_wakeup_fd(-1)  # nothing set before lifeguard: -1, as in any program
 lifeguard.install()
@@ -478,7 +478,7 @@ assert signal.getsignal(signal.SIGTERM) != signal.SIG_DFL
 signal.signal(signal.SIGHUP, signal.SIG_IGN)
 assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
 lifeguard.uninstall()
-assert _signal.signal is lg_signals._set_handler
+assert _signal.signal is sentry.set_handler
 assert signal.signal(signal.SIGTERM, signal.SIG_DFL) is not None
 assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # uninstalled: the default stays
 print("OK", flush=True)

@@ -239,15 +239,18 @@ def test_import_pulls_in_no_backend() -> None:
 
 def test_install_with_nothing_to_check_loads_no_checks_and_no_backend() -> None:
     """The common install(): no option, no LIFEGUARD_* variable. It loads neither the option
-    checks nor any backend's code (each is loaded when it first has work), and the finalizers
-    it registers are there all the same. Given a variable, the checks are loaded and run."""
+    checks nor any backend's code (each is loaded when it first has work), nor the lifecycle
+    (made when the first event needs it: lifeguard.sentry), and once made the finalizers it
+    registers are there all the same. Given a variable, the checks are loaded and run."""
     code = """
         import sys, lifeguard
-        from lifeguard import api
         lifeguard.install()
         print(sorted(m for m in sys.modules
-                     if m == "lifeguard.options" or m.startswith("lifeguard.backends")))
-        print(api._registry.names())
+                     if m in ("lifeguard.options", "lifeguard.lifecycle", "lifeguard.api")
+                     or m.startswith("lifeguard.backends")))
+        from lifeguard import api
+        api.current()
+        print(api.registry().names())
         """
     bare = {k: v for k, v in os.environ.items() if not k.startswith("LIFEGUARD_")}
     result = subprocess.run(
@@ -281,12 +284,12 @@ def test_a_half_imported_last_gasp_never_turns_a_death_into_an_exit(thread: str)
     result = python(
         f"""
         import sys, threading, types
-        from lifeguard import signals
+        from lifeguard import death
         sys.modules["lifeguard.lastgasp"] = types.ModuleType("lifeguard.lastgasp")  # half made
         if {thread == "the main thread"}:
-            signals.die_by_signal(15)
+            death.die_by_signal(15)
         else:
-            threading.Thread(target=signals.die_from_any_thread, args=(15,)).start()
+            threading.Thread(target=death.die_from_any_thread, args=(15,)).start()
             threading.Event().wait(60)
         """
     )

@@ -28,6 +28,7 @@ import sys
 
 from lifeguard._fds import out_of_the_way
 from lifeguard.channel import SUPERVISOR, Channel
+from lifeguard.death import die_by_signal
 from lifeguard.guardian.jobs import JobControl
 from lifeguard.guardian.watchdog import (
     Evidence,
@@ -39,7 +40,6 @@ from lifeguard.guardian.watchdog import (
 )
 from lifeguard.names import GUARDIAN_ENV
 from lifeguard.outcome import Outcome
-from lifeguard.signals import die_by_signal
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

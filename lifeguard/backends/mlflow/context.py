@@ -133,7 +133,7 @@ def _front_at_shutdown() -> None:
     Threading's shutdown callbacks run before any atexit hook: fix the order there. Registered
     now, this one also runs before the join of MLflow's async-logging workers (concurrent.futures
     registered that earlier in ``import mlflow``): the lifecycle's shutdown step goes with it."""
-    from lifeguard.hooks import at_threading_shutdown
+    from lifeguard.sentry import at_threading_shutdown
 
     def front() -> None:
         lifecycle = current()

@@ -1,0 +1,699 @@
+"""The posts lifeguard holds from ``install()`` on: its hooks, in place, and what they replaced.
+
+``install()`` puts lifeguard's hooks in place, and nothing more: a Python-level handler for each
+signal it hooks (with lifeguard's C handler in front of CPython's, and the listener thread that
+reads what that one writes: ``lifeguard.ears``), an atexit hook, threading's shutdown hook,
+``sys.excepthook``, ``sys.exit``, the ``exit()``/``quit()`` builtins and ``signal.signal``. Each is
+a method of the :class:`Posts` armed then: what the program saves and puts back is one of these.
+
+What an event means is the lifecycle's business (``lifeguard.lifecycle``, ``lifeguard.hooks``,
+``lifeguard.signals``), and loading it costs a few milliseconds. So it is made when the first
+event needs it (:meth:`Posts.made`): a signal, an exit call, an uncaught exception, a finalizer
+registered, a run started, the interpreter's exit with a tracker in use. A program that does none
+of these never loads it, and pays for install() what the hooks cost.
+
+Until then, and in a process that does not own the posts (a forked child inherits them; an
+``uninstall()`` leaves in place the ones the program took over), each hook acts as what it
+replaced would have.
+"""
+
+from __future__ import annotations
+
+import _thread
+import atexit
+import os
+import sys
+
+from lifeguard._threads import (
+    is_main_thread,
+    remember_the_main_thread,
+    remember_the_programs_mask,
+    take_no_signals,
+)
+from lifeguard.ears import Ears, wait
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import signal as _signal
+    from collections.abc import Callable
+    from types import FrameType, TracebackType
+    from typing import Protocol
+
+    Handler = Callable[[int, FrameType | None], object] | int | None
+
+    class Receiver(Protocol):
+        """What the hooks hand their events to, once made (``lifeguard.hooks.ProcessHooks``)."""
+
+        @property
+        def installed(self) -> bool: ...
+        def on_signal(self, signum: int, frame: FrameType | None) -> None: ...
+        def heard(self, deliveries: list[tuple[int, float]], at: float | None) -> None: ...
+        def listen_timeout(self) -> float | None: ...
+        def timed_out(self) -> None: ...
+        def excepthook(
+            self, value: BaseException, tb: TracebackType | None, caller: FrameType | None
+        ) -> None: ...
+        def noting_exit(self, code: object, caller: FrameType) -> None: ...
+        def exit_unwound(self, exc: SystemExit, top_level: FrameType) -> None: ...
+        def at_exit(self) -> None: ...
+        def on_threading_shutdown(self) -> None: ...
+
+else:
+    # The C module, not `signal`: that one pulls in enum and functools, ~4 ms, twice install()'s
+    # whole budget in a fresh interpreter. Same API.
+    import _signal
+
+__all__ = [
+    "LISTENER_WAIT",
+    "MAKE_WAIT",
+    "Posts",
+    "arm",
+    "at_threading_shutdown",
+    "current",
+    "made",
+    "see_the_program",
+]
+
+# The interpreter's own function, before any Posts wraps it (see Posts._wrap_signal): every call
+# of lifeguard's goes to this one.
+set_handler = _signal.signal
+
+# How long the exit waits for a listener thread just started to run (see wait_for_the_listener):
+# a thread is scheduled within milliseconds even on a loaded machine; past this, exit anyway.
+LISTENER_WAIT = 5.0
+
+# How long a hook waits for the lifecycle that another thread is making (a few milliseconds; more
+# on a loaded machine). Past this the event is handled as if lifeguard had nothing to say.
+MAKE_WAIT = 5.0
+
+_posts: Posts | None = None
+_fork_hook = False
+
+
+def arm(
+    signals: tuple[int, ...], make: Callable[[Posts], Receiver], work: tuple[str, ...]
+) -> Posts:
+    """Put lifeguard's hooks in place (``signals``: main thread only, RuntimeError elsewhere).
+    ``make(posts)`` makes what their events go to, when the first one needs it; ``work`` names
+    the modules whose presence means the finalizers have something to end."""
+    global _posts, _fork_hook
+    posts = Posts(make, work)
+    posts.arm(signals)
+    _posts = posts
+    if not _fork_hook:
+        os.register_at_fork(after_in_child=_after_fork_in_child)
+        _fork_hook = True
+    return posts
+
+
+def current() -> Posts | None:
+    """The posts armed in *this* process, if any."""
+    posts = _posts
+    return posts if posts is not None and posts.owns() else None
+
+
+def made() -> Receiver | None:
+    """What this process's hooks hand their events to, made now if it was not yet; None if
+    lifeguard is not installed here."""
+    posts = current()
+    return posts.made() if posts is not None else None
+
+
+def see_the_program() -> None:
+    """Keep the program's top level in view (lifeguard.toplevel): how it ended is read from it
+    at exit, and from 3.12 on an exit through a ``sys.exit`` bound before install() is noted as
+    any other. Once per process; cheap after that."""
+    posts = current()
+    if posts is None:
+        return
+    from lifeguard import toplevel
+
+    toplevel.note(posts.noting_exit, posts.saved_exit, posts.exit_unwound)
+
+
+def at_threading_shutdown(callback: Callable[[], object]) -> None:
+    """Call ``callback`` when threading's shutdown begins: the interpreter's first step once the
+    program's main code is over, before it joins the program's threads. Those callbacks run
+    newest first, so one registered later (at ``import mlflow``, after concurrent.futures
+    registered the join of every ThreadPoolExecutor's workers) runs before that join. Never
+    imports threading (install() stays cheap): a program that has not imported it yet has no
+    such join registered either, and one registered later would run after it anyway."""
+    threading = sys.modules.get("threading")
+    register = getattr(threading, "_register_atexit", None)
+    if register is None:
+        return
+    try:
+        register(callback)
+    except RuntimeError:  # the interpreter is already shutting down
+        pass
+
+
+def _after_fork_in_child() -> None:
+    posts = _posts
+    if posts is not None:
+        posts.forget_after_fork()
+
+
+def _importing(frame: FrameType | None) -> bool:
+    """Whether ``frame`` (what a signal interrupted) or a caller of it is the import system's:
+    the thread holds a module's import lock, which whatever makes the lifecycle elsewhere may
+    come to wait for."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _thread_name() -> str:
+    import threading
+
+    return threading.current_thread().name
+
+
+class Unseen:
+    """``with posts.unseen: sys.exit(code)`` in a wrapper: the SystemExit leaves without the
+    wrapper's frame in its traceback, so that a program printing the traceback of an exit it
+    caught (``traceback.print_exc()``, ``logging.exception``) prints what it would without
+    lifeguard. From 3.11 on, re-raising an exception whose traceback was cleared adds no entry
+    for the frame that re-raises it; on 3.10 the frame still shows. Keeps the last one let out,
+    with its code then: the exit noted where it was called (see ProcessHooks.exit_unwound)."""
+
+    def __init__(self) -> None:
+        self.last: tuple[SystemExit, object] | None = None
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, tp: object, value: BaseException | None, tb: object) -> None:
+        if isinstance(value, SystemExit):
+            value.__traceback__ = None
+            self.last = (value, value.code)
+
+
+class Quitter:
+    """Wraps site's ``exit``/``quit`` builtins, which raise SystemExit without ``sys.exit``."""
+
+    def __init__(self, original: Callable[..., object], posts: Posts) -> None:
+        self._original = original
+        self.posts = posts
+
+    def __call__(self, code: object = None) -> object:
+        self.posts.noting_exit(code, sys._getframe(1))
+        with self.posts.unseen:
+            self._original(code)
+        return None  # not reached: the call above raises SystemExit
+
+    def __repr__(self) -> str:
+        return repr(self._original)
+
+
+class Posts:
+    """lifeguard's hooks in one process, what each replaced, and what hears the signals."""
+
+    def __init__(self, make: Callable[[Posts], Receiver], work: tuple[str, ...]) -> None:
+        self.pid = os.getpid()
+        self.armed = False
+        self._make = make
+        self._work = work
+        self.receiver: Receiver | None = None
+        # The thread making the receiver now, if one is: a hook it runs meanwhile (a signal's)
+        # must not make it again.
+        self._making: int | None = None
+        self._make_lock = _thread.allocate_lock()
+        self.saved: dict[int, Handler] = {}
+        # Signals whose previous action was the default: lifeguard ends the process for these.
+        self.takeover: frozenset[int] = frozenset()
+        # Signals left to Python's own default_int_handler (Ctrl-C's KeyboardInterrupt, which
+        # asyncio.run, a REPL and a Jupyter kernel each expect to find in place): lifeguard's
+        # handler stands in for it only while finalizing (see guard), so that a second Ctrl-C
+        # then means "now".
+        self.watched: frozenset[int] = frozenset()
+        # Set once the process is on its way to die of a signal (lifeguard.signals): a Ctrl-C is
+        # heard from then on.
+        self.ending = False
+        # The listener's ears: lifeguard's C handler in front of CPython's for each signal
+        # heard now (lifeguard.ears). The wakeup fd stays the program's.
+        self.ears = Ears()
+        self._listening = False
+        # Released by the listener thread once it runs (see wait_for_the_listener).
+        self._listener_runs: _thread.LockType | None = None
+        # The C function the program calls, while lifeguard's wrapper stands in for it.
+        self._wrapped: dict[str, object] = {}
+        self.saved_excepthook: Callable[..., object] | None = None
+        self.saved_exit: Callable[..., object] | None = None
+        self._saved_quitters: dict[str, object] = {}
+        self.unseen = Unseen()
+
+    def owns(self) -> bool:
+        """Armed, in this process (a forked child inherits the posts, not what they guard)."""
+        return self.armed and self.pid == os.getpid()
+
+    # -- arming and disarming --------------------------------------------------------------------
+
+    def arm(self, signals: tuple[int, ...]) -> None:
+        # Signals first: they are what can fail (wrong thread), and nothing else is touched then.
+        self._arm_signals(signals)
+        self.armed = True
+        atexit.register(self.at_exit)
+        at_threading_shutdown(self.on_threading_shutdown)
+        self.saved_excepthook = sys.excepthook
+        sys.excepthook = self.excepthook
+        self.saved_exit = sys.exit
+        sys.exit = self.sys_exit  # type: ignore[assignment]
+        import builtins
+
+        for name in ("exit", "quit"):
+            original = getattr(builtins, name, None)
+            if original is not None and callable(original):
+                self._saved_quitters[name] = original
+                setattr(builtins, name, Quitter(original, self))
+
+    def _arm_signals(self, signals: tuple[int, ...]) -> None:
+        """Main thread only: Python allows signal handlers to be set nowhere else."""
+        remember_the_programs_mask()
+        watched = []
+        for signum in signals:
+            previous = _unwrap(signum, _signal.getsignal(signum))
+            if previous == _signal.SIG_IGN or previous is None:
+                # SIG_IGN: the program (or nohup) chose to ignore it; it must stay ignored.
+                # None: a handler set from C that Python cannot call, so it cannot be chained;
+                # replacing it would lose it.
+                continue
+            # Python's default_int_handler stays (set again to itself: the same check of the
+            # thread as for the others): Ctrl-C raises KeyboardInterrupt as without lifeguard,
+            # and the excepthook and atexit see it only if it ends the program.
+            keep = previous is _signal.default_int_handler
+            try:
+                set_handler(signum, previous if keep else self.handler)
+            except ValueError:  # "signal only works in main thread of the main interpreter"
+                self._disarm_signals()
+                raise RuntimeError(
+                    "lifeguard.install() hooks signals, which Python allows only in the main "
+                    f"thread, but it was called from thread {_thread_name()!r}. Call it at "
+                    "program start, or pass signals=() to hook only atexit, excepthook and "
+                    "sys.exit."
+                ) from None
+            if keep:
+                watched.append(signum)
+            self.saved[signum] = previous
+        self.watched = frozenset(watched)
+        if self.saved:
+            remember_the_main_thread()  # a handler was set: this is the main thread
+        self.takeover = frozenset(s for s, p in self.saved.items() if p == _signal.SIG_DFL)
+        if self.takeover:
+            self.start_listener()
+            for signum in self.takeover:
+                self.ears.hear(signum)
+        if self.saved:
+            self._wrap_signal()
+
+    def disarm(self, signals: bool) -> None:
+        """Put back what was there before, but only where lifeguard's hook is still the one in
+        place: a hook someone installed after lifeguard's is theirs, and stays. The signals only
+        from the main thread (``signals``), which alone may set them."""
+        atexit.unregister(self.at_exit)
+        if sys.excepthook == self.excepthook and self.saved_excepthook is not None:
+            sys.excepthook = self.saved_excepthook
+        if sys.exit == self.sys_exit and self.saved_exit is not None:
+            sys.exit = self.saved_exit  # type: ignore[assignment]
+        import builtins
+
+        for name, original in self._saved_quitters.items():
+            current = getattr(builtins, name, None)
+            if isinstance(current, Quitter) and current.posts is self:
+                setattr(builtins, name, original)
+        if signals:
+            self._disarm_signals()
+        self.armed = False
+
+    def _disarm_signals(self) -> None:
+        self._unwrap_signal()
+        for signum, previous in self.saved.items():
+            if _signal.getsignal(signum) == self.handler:
+                self.ears.deafen(signum)
+                set_handler(signum, previous)
+        self._stop_listener()
+
+    def move_atexit_to_front(self) -> None:
+        """atexit runs last-registered-first. Re-registering puts lifeguard's hook ahead of any
+        hook registered since install(), MLflow's always-FINISHED ``_safe_end_run`` included."""
+        atexit.unregister(self.at_exit)
+        atexit.register(self.at_exit)
+
+    # -- what the events go to ---------------------------------------------------------------------
+
+    def made(self, wait: bool = True) -> Receiver | None:
+        """What the hooks hand their events to, made now if need be, by one thread. None where
+        this process does not own the posts, in the thread making it (a signal's hook, run in
+        the middle of that), and, unless ``wait``, while another thread makes it."""
+        if not self.owns():
+            return None
+        receiver = self.receiver
+        if receiver is not None:
+            return receiver
+        me = _thread.get_ident()
+        if self._making == me:
+            return None
+        lock = self._make_lock
+        if not (lock.acquire(True, MAKE_WAIT) if wait else lock.acquire(False)):
+            return self.receiver
+        try:
+            if self.receiver is None and self.owns():
+                self._making = me
+                try:
+                    self.receiver = self._make(self)
+                finally:
+                    self._making = None
+        finally:
+            lock.release()
+        return self.receiver
+
+    def has_work(self) -> bool:
+        """Whether the finalizers would have something to end: a tracker is in use. Else an exit
+        (no event was, or the receiver would be made) is none of lifeguard's business."""
+        return any(module in sys.modules for module in self._work)
+
+    def installed(self) -> bool:
+        receiver = self.receiver
+        return receiver is None or receiver.installed
+
+    # -- the hooks -----------------------------------------------------------------------------
+
+    def handler(self, signum: int, frame: FrameType | None) -> None:
+        """The Python-level handler of each signal lifeguard hooked (lifeguard.signals)."""
+        if not self.owns():
+            # A forked child's, inherited; or one the program put back after uninstall(): act
+            # as the disposition it replaced.
+            previous = self.saved.get(signum, _signal.SIG_DFL)
+            if callable(previous):
+                previous(signum, frame)
+                return
+            from lifeguard.death import die_by_signal
+
+            die_by_signal(signum)
+            return
+        # Never waited for while the signal interrupted an import: the thread making the
+        # receiver may need that module's lock. Made here instead if nobody else is at it.
+        receiver = self.made(wait=not _importing(frame))
+        if receiver is not None:
+            receiver.on_signal(signum, frame)
+            return
+        if signum not in self.takeover:
+            # A handler of the program's from before install(): the program's business.
+            previous = self.saved.get(signum, _signal.SIG_DFL)
+            if callable(previous):
+                previous(signum, frame)
+        # Else a signal lifeguard takes over, being made elsewhere: the listener heard it, and
+        # acts on it once that is done.
+
+    def excepthook(
+        self, tp: type[BaseException], value: BaseException, tb: TracebackType | None
+    ) -> None:
+        try:
+            if self.owns():
+                receiver = self.made()
+                if receiver is not None:
+                    receiver.excepthook(value, tb, sys._getframe(0).f_back)
+        finally:
+            hook = self.saved_excepthook or sys.__excepthook__
+            if hook is not sys.__excepthook__ or not _traceback_already_printed():
+                hook(tp, value, _without_own_frames(value, tb))
+
+    def sys_exit(self, code: object = None) -> None:
+        self.noting_exit(code, sys._getframe(1))
+        with self.unseen:
+            (self.saved_exit or sys.__dict__["exit"])(code)
+
+    def noting_exit(self, code: object, caller: FrameType) -> None:
+        """Note the exit; then the program exits as asked, whatever went wrong in lifeguard.
+        A Ctrl-C that lands meanwhile goes on to the program, as it would have a moment
+        earlier: exiting anyway would drop it and, the exit unnoted, call the run a success.
+        sys.exit() in another thread only ends that thread: nothing to note, nothing to make."""
+        if not self.owns() or not is_main_thread():
+            return
+        try:
+            receiver = self.made()
+            if receiver is not None:
+                receiver.noting_exit(code, caller)
+        except KeyboardInterrupt:
+            raise
+        except Exception:  # noqa: BLE001 - lifeguard's own failure never stops an exit
+            from lifeguard._log import logger
+
+            logger().debug("lifeguard could not note the exit", exc_info=True)
+
+    def exit_unwound(self, exc: SystemExit, top_level: FrameType) -> None:
+        """3.12+: ``exc`` leaves the program's top level (lifeguard.toplevel sees it go)."""
+        if not self.owns():
+            return
+        receiver = self.made()
+        if receiver is not None:
+            receiver.exit_unwound(exc, top_level)
+
+    def at_exit(self) -> None:
+        if not self.owns():
+            return
+        self.wait_for_the_listener()
+        receiver = self.receiver
+        if receiver is None and self.has_work():
+            receiver = self.made()
+        if receiver is not None:
+            receiver.at_exit()
+
+    def on_threading_shutdown(self) -> None:
+        if not self.owns():
+            return
+        receiver = self.receiver
+        if receiver is None and self.has_work():
+            receiver = self.made()
+        if receiver is not None:
+            receiver.on_threading_shutdown()
+
+    # -- dispositions: the program's, and lifeguard's ------------------------------------------
+
+    def _wrap_signal(self) -> None:
+        """Keep lifeguard's signal path in force when a library hands the signals back, and the
+        listener hearing exactly while lifeguard's handler is in place.
+
+        asyncio's ``loop.add_signal_handler`` takes a signal (the program's choice, which
+        stands); when the loop closes it sets the signal back to SIG_DFL, and without this a
+        SIGTERM during the synchronous training that follows would kill the process unheard.
+        So, while lifeguard is installed, ``signal.signal(sig, SIG_DFL)`` for a signal lifeguard
+        hooked gives it back to lifeguard, whose handler is the default action plus the
+        finalizers. ``signal.signal`` looks ``_signal.signal`` up at each call, so wrapping the
+        C function is enough."""
+        posts = self
+
+        def signal(signalnum: int, handler: Handler, /) -> Handler:
+            return posts.program_sets(signalnum, handler)
+
+        signal.__name__ = signal.__qualname__ = "signal"
+        signal.__doc__ = set_handler.__doc__
+        self._wrapped["signal"] = signal
+        setattr(_signal, "signal", signal)  # noqa: B010 - the interpreter's C module
+
+    def _unwrap_signal(self) -> None:
+        wrapper = self._wrapped.pop("signal", None)
+        if wrapper is not None and _signal.signal is wrapper:
+            setattr(_signal, "signal", set_handler)  # noqa: B010 - the interpreter's C module
+
+    def program_sets(self, signalnum: int, handler: Handler) -> Handler:
+        """The program sets a signal's handler. Back at the default action, a signal lifeguard
+        hooked is lifeguard's, default action and all (a ``signal.signal(SIGINT, SIG_DFL)``
+        too: "Ctrl-C just kills me"); back at Python's ``default_int_handler``,
+        KeyboardInterrupt's. Any other handler is the program's, and the listener stops hearing
+        the signal until lifeguard's is back (trio's ``open_signal_receiver`` puts it back on
+        its way out)."""
+        try:
+            signum = int(signalnum)
+        except (TypeError, ValueError):
+            return set_handler(signalnum, handler)  # raises as it would without lifeguard
+        if signum not in self.saved or not self.owns() or not is_main_thread():
+            return set_handler(signalnum, handler)
+        if self.installed():
+            if handler == _signal.SIG_DFL:
+                handler = self.handler
+                self.saved[signum] = _signal.SIG_DFL
+                self.takeover |= {signum}
+                self.watched -= {signum}
+                self.start_listener()
+            elif handler is _signal.default_int_handler:
+                self.saved[signum] = handler
+                self.takeover -= {signum}
+                self.watched |= {signum}
+        return self.set(signum, handler)
+
+    def set(self, signum: int, handler: Handler) -> Handler:
+        """Set ``signum``'s handler (main thread), the listener hearing it exactly while that
+        handler is lifeguard's. Deafened first: unregistering puts back the C handler that
+        lifeguard's chained to, and only then may ``signal.signal`` set what it sets."""
+        if signum in self.ears.heard:
+            self.ears.deafen(signum)
+        try:
+            return set_handler(signum, handler)
+        finally:
+            if self._should_hear(signum, _signal.getsignal(signum)):
+                self.ears.hear(signum)
+
+    def _should_hear(self, signum: int, handler: Handler) -> bool:
+        """Whether the listener hears ``signum`` while ``handler`` is in place: whenever it is
+        lifeguard's, and Ctrl-C's ``default_int_handler`` too once the process is on its way
+        to die of another signal (a Ctrl-C then means "now", even to a main thread stuck in
+        C that never runs a handler)."""
+        if handler == self.handler:
+            # Not for a signal whose handler before lifeguard's was the program's: the main
+            # thread calls that one (lifeguard.signals), and the listener has no say.
+            return signum in self.takeover or signum in self.watched
+        return self.ending and signum in self.watched and handler is _signal.default_int_handler
+
+    def hear_watched(self) -> None:
+        """The process is on its way to die of a signal: from now on, a Ctrl-C is heard too."""
+        if not self.ears.is_open:
+            return
+        for signum in self.watched:
+            if self._should_hear(signum, _signal.getsignal(signum)):
+                self.ears.hear(signum)
+
+    def guard(self) -> None:
+        """Main thread, as finalizing begins: lifeguard's handler stands in for
+        ``default_int_handler`` on the watched signals, so that a Ctrl-C now ends the process
+        (at once, or once the finalizers are done) instead of raising KeyboardInterrupt into
+        them. :meth:`unguard` puts Python's back."""
+        if not is_main_thread():
+            return
+        for signum in self.watched:
+            if _signal.getsignal(signum) is _signal.default_int_handler:
+                self.set(signum, self.handler)
+
+    def unguard(self) -> None:
+        if not is_main_thread():
+            return
+        for signum in self.watched:
+            if _signal.getsignal(signum) == self.handler:
+                self.set(signum, _signal.default_int_handler)
+
+    # -- the listener thread ---------------------------------------------------------------------
+
+    def start_listener(self) -> None:
+        if self._listening:
+            return
+        self._listening = True
+        self.ears.open()
+        runs = self._listener_runs = _thread.allocate_lock()
+        runs.acquire()
+        _thread.start_new_thread(self._listen, (self.ears.listen(), runs))
+
+    def wait_for_the_listener(self) -> None:
+        """Block until the listener thread has run, at most LISTENER_WAIT (at once, nearly
+        always). Until a thread has run, CPython (3.10 to 3.12) has not set up its state: an
+        interpreter that finalized meanwhile (a program that ends just after install()) would
+        free the memory the thread then writes, and the process would die of SIGSEGV instead of
+        exiting as it would have. So the exit hook and uninstall() wait for it, as
+        threading.Thread.start() does; install() does not, on a loaded machine a thread may be
+        scheduled milliseconds later, and a program that runs on never has to wait."""
+        runs = self._listener_runs
+        if runs is not None and runs.acquire(timeout=LISTENER_WAIT):
+            runs.release()
+
+    def _stop_listener(self) -> None:
+        if not self._listening:
+            return
+        self.wait_for_the_listener()
+        self._listening = False
+        self.ears.close()  # end-of-file ends the listener
+        self.ears = Ears()
+
+    def _listen(self, read_fd: int, running: _thread.LockType) -> None:
+        """What is in the pipe came while lifeguard's handler was the one in place (see
+        lifeguard.ears): lifeguard's signal, however late this thread reads it."""
+        take_no_signals()
+        running.release()
+        while True:
+            receiver = self.receiver
+            heard = wait(read_fd, receiver.listen_timeout() if receiver is not None else None)
+            if heard is None:
+                try:
+                    os.close(read_fd)
+                except OSError:  # closed already (a daemonizing program's closerange)
+                    pass
+                return
+            if not heard:
+                if receiver is not None:
+                    receiver.timed_out()
+                continue
+            # The time they came, before the receiver is made (milliseconds): the runs' end.
+            at = None
+            if receiver is None:
+                import time
+
+                at = time.time()
+            receiver = self.made()
+            if receiver is not None:
+                receiver.heard(heard, at)
+
+    def forget_after_fork(self) -> None:
+        """In a forked child: the pipes are shared with the parent, whose listener did not
+        survive the fork: the child's signals go to CPython's handler alone, as they did before
+        lifeguard. Locks another thread of the parent may have held are made anew."""
+        self.ears.forget_after_fork()
+        self._listening = False
+        self._listener_runs = None
+        self._make_lock = _thread.allocate_lock()
+        self._making = None
+
+
+def _unwrap(signum: int, handler: Handler) -> Handler:
+    """A handler inherited from a forked parent's lifeguard stands for what it replaced: a
+    child's own install() must chain to that, not to the parent's posts."""
+    while True:
+        posts = getattr(handler, "__self__", None)
+        if not isinstance(posts, Posts) or posts.pid == os.getpid():
+            return handler
+        handler = posts.saved.get(signum, _signal.SIG_DFL)
+
+
+# -- the traceback the program prints ---------------------------------------------------------
+
+
+def _traceback_already_printed() -> bool:
+    """wandb's excepthook prints the traceback itself, then calls the hook it replaced unless
+    that was Python's default. With lifeguard's installed first, ours is that hook: calling the
+    default from here would print the traceback a second time, which the program without
+    lifeguard does not do."""
+    try:
+        caller = sys._getframe(2).f_code  # 0: here, 1: the excepthook, 2: whoever called it
+    except ValueError:  # called by the interpreter itself: no Python caller
+        return False
+    return caller.co_name == "exc_handler" and caller.co_filename.endswith(
+        os.path.join("wandb", "sdk", "lib", "exit_hooks.py")
+    )
+
+
+def _without_own_frames(value: BaseException, tb: TracebackType | None) -> TracebackType | None:
+    """The traceback as the program would print it without lifeguard: a KeyboardInterrupt
+    raised by a handler lifeguard chained to would otherwise show frames of lifeguard's hooks at
+    its tip (this module's, ``lifeguard/hooks.py``'s, ``lifeguard/signals.py``'s), or be nothing
+    but them (a Ctrl-C while no Python code of the program's ran). On 3.10 a SystemExit raised
+    through lifeguard's ``sys.exit`` or ``exit`` wrapper keeps that wrapper's frame at its tip
+    (``Unseen``); an uncaught one, shown by ``python -i``, would print it. The exception's own
+    traceback is the one printed, so it is cut too."""
+    if tb is not None and _is_own(tb.tb_frame):
+        value.__traceback__ = None
+        return None
+    entry: TracebackType | None = tb
+    while entry is not None and entry.tb_next is not None:
+        if _is_own(entry.tb_next.tb_frame):
+            entry.tb_next = None
+            break
+        entry = entry.tb_next
+    return tb
+
+
+_HOOK_SOURCES = tuple(
+    os.path.join("lifeguard", name) for name in ("sentry.py", "hooks.py", "signals.py")
+)
+
+
+def _is_own(frame: FrameType) -> bool:
+    return frame.f_code.co_filename.endswith(_HOOK_SOURCES)
