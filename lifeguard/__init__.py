@@ -8,8 +8,6 @@ This module is deliberately tiny: the implementation is imported on first use, s
 ``import lifeguard`` stays cheap and never pulls in mlflow, psutil or torch.
 """
 
-from __future__ import annotations
-
 __version__ = "0.1.0"
 
 TYPE_CHECKING = False
@@ -19,8 +17,10 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
     from lifeguard.finalizers import Handle, Report
+    from lifeguard.hooks import ProcessHooks
     from lifeguard.outcome import Outcome, OutcomeKind, Status
     from lifeguard.preemption import PreemptionHandle
+    from lifeguard.sentry import Posts
     from lifeguard.typed import InstallOptions, Ranks, SignalSpec
 
 __all__ = [
@@ -45,7 +45,7 @@ __all__ = [
 ]
 
 
-def install(**options: Unpack[InstallOptions]) -> None:
+def install(**options: "Unpack[InstallOptions]") -> None:
     """Hook the process so that every finalizer runs once, with the truth, however it ends.
 
     Idempotent. Options (each also settable by an environment variable; both are listed, with
@@ -60,9 +60,41 @@ def install(**options: Unpack[InstallOptions]) -> None:
     RuntimeError when called outside the main thread with signals to hook (pass ``signals=()``
     there). Warns (logging) about a ``LIFEGUARD_*`` variable it does not know.
     """
-    from lifeguard import api
+    import os
 
-    api.install(**options)
+    if options or any(name.startswith("LIFEGUARD_") for name in os.environ):
+        from lifeguard import api
+
+        api.install(**options)
+        return
+    from lifeguard import sentry
+
+    if sentry.current() is not None:
+        from lifeguard import api
+
+        api.install()  # installed already: api.install() says whether it differs
+        return
+    # Nothing to check, the common case: the posts are armed with the defaults, and nothing
+    # else is loaded (lifeguard.sentry). The rest of api.install()'s steps, in the same order.
+    from lifeguard import journaldir
+    from lifeguard.settings import DEFAULT_SIGNUMS, DEFAULT_WORK
+
+    posts = sentry.arm(DEFAULT_SIGNUMS, _make, DEFAULT_WORK)
+    sentry.see_the_program()
+    if posts.has_work():
+        from lifeguard import api
+        from lifeguard.settings import Options
+
+        api.made_at_install(Options())
+    journaldir.replay_if_due()
+
+
+def _make(posts: "Posts") -> "ProcessHooks":
+    """The lifecycle of posts armed with the defaults, made when the first event needs it."""
+    from lifeguard import api
+    from lifeguard.settings import Options
+
+    return api.make(posts, Options())
 
 
 def uninstall() -> None:
@@ -73,8 +105,8 @@ def uninstall() -> None:
 
 
 def register(
-    finalizer: Callable[[Outcome], object], *, name: str | None = None, ranks: Ranks = "all"
-) -> Handle:
+    finalizer: "Callable[[Outcome], object]", *, name: str | None = None, ranks: "Ranks" = "all"
+) -> "Handle":
     """Register ``finalizer(outcome)`` to run at most once when the process ends.
 
     Finalizers run newest first (like atexit). ``ranks`` is ``"all"`` (default), ``"zero"``
@@ -88,8 +120,8 @@ def register(
 
 
 def track(
-    obj: object, *, method: str | None = None, name: str | None = None, ranks: Ranks = "all"
-) -> Handle:
+    obj: object, *, method: str | None = None, name: str | None = None, ranks: "Ranks" = "all"
+) -> "Handle":
     """End any tracker object when the process ends: register a finalizer that calls its
     ``finish``, ``close`` or ``end`` (or ``method``), passing ``exit_code``, ``status``,
     ``outcome`` or ``reason`` if the method takes a parameter of that name. TypeError if the
@@ -99,7 +131,7 @@ def track(
     return api.track(obj, method=method, name=name, ranks=ranks)
 
 
-def finish(exit_code: int = 0, *, outcome: Outcome | None = None) -> list[Report]:
+def finish(exit_code: int = 0, *, outcome: "Outcome | None" = None) -> "list[Report]":
     """Run every finalizer now, e.g. on rank 0 when training is done. The exit hooks then have
     nothing left to do. Returns one report per finalizer."""
     from lifeguard import api
@@ -116,8 +148,8 @@ def watchdog_pid() -> int | None:
 
 
 def on_preemption(
-    callback: Callable[[int], object], *, signals: SignalSpec = ("SIGUSR1",)
-) -> PreemptionHandle:
+    callback: "Callable[[int], object]", *, signals: "SignalSpec" = ("SIGUSR1",)
+) -> "PreemptionHandle":
     """Call ``callback(signum)`` on a preemption warning (Slurm's ``--signal=USR1@90``): the
     run is tagged, not ended, and the process goes on. ``signals`` as :func:`install` takes
     them ("USR2", "12", 12, "usr1,usr2", a list), at least one. Returns a handle with

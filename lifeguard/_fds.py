@@ -6,8 +6,6 @@ lifeguard's pipes (the signal listener's, a guardian's channel) are moved to hig
 program finds fds 3, 4, ... where they would be without lifeguard.
 """
 
-from __future__ import annotations
-
 __all__ = ["a_reader_waits_on", "out_of_the_way", "pipe"]
 
 

@@ -14,8 +14,6 @@ its mask across exec, and one with every signal blocked could not be stopped by
 ``Popen.terminate()``, a Ctrl-C or a scheduler's SIGTERM.
 """
 
-from __future__ import annotations
-
 import _thread
 import os
 import sys

@@ -7,7 +7,7 @@ import _thread
 import os
 import sys
 
-from lifeguard import sentry
+from lifeguard import journaldir, sentry
 from lifeguard.names import GUARDIAN_ENV, MODULES
 from lifeguard.settings import Options
 
@@ -37,8 +37,6 @@ _faulthandler_ours = False
 _sidecar: Channel | None = None
 # The lifecycle install_at_start() set up, while the program has not called install() itself.
 _installed_at_start: Lifecycle | None = None
-# The pid of the journal replayer install() started, if the journal had anything.
-replay_pid: int | None = None
 # In a forked child: the runs that were on MLflow's active-run stacks when it was forked. They
 # are the parent's, though this process's stacks still hold them.
 _inherited_runs: frozenset[str] = frozenset()
@@ -117,32 +115,37 @@ def install(**options: object) -> None:
         # records this process's pid (guardian/init.py): the child is the program.
         pid1_guardian = _guard_pid1(parsed)
         # Raises (wrong thread) before any state changes.
-        posts = sentry.arm(parsed.signals, _maker(parsed, pid1_guardian), _work(parsed))
+        posts = sentry.arm(parsed.signals, _maker(parsed, pid1_guardian), work(parsed))
+        # The same steps as lifeguard/__init__.py's install() with nothing to check.
         sentry.see_the_program()
-        if not (
+        if (
             pid1_guardian is not None
             or GUARDIAN_ENV in os.environ
             or parsed.watchdog
             or posts.has_work()
         ):
-            # Nothing to connect to and no tracker in use: the lifecycle is made when the first
-            # event needs it (lifeguard.sentry).
-            _replay_journal_in_background()
-            return
-        lifecycle = current()
-        assert lifecycle is not None  # armed, in this thread
-        _connect_guardian(lifecycle)
-        _replay_journal_in_background()
-        if parsed.mlflow and "mlflow.tracking.fluent" in sys.modules:
-            # mlflow already loaded (its import did not find lifeguard installed).
-            from lifeguard.backends.mlflow.finalizer import preload_the_signal_path
+            made_at_install(parsed)
+        # Else nothing to connect to and no tracker in use: the lifecycle is made when the first
+        # event needs it (lifeguard.sentry).
+        journaldir.replay_if_due()
 
-            preload_the_signal_path()
-            # A program that only resumes a run (no new run, so no context-provider call) still
-            # needs the heartbeat thread that adopts it: heartbeats off, it only adopts.
-            from lifeguard.backends.mlflow.heartbeat import start_for
 
-            start_for(parsed.heartbeat)
+def made_at_install(options: Options) -> None:
+    """The lifecycle, made at install(): a guardian to connect to, or a tracker the program
+    imported before lifeguard."""
+    lifecycle = current()
+    assert lifecycle is not None  # armed, in this thread
+    _connect_guardian(lifecycle)
+    if options.mlflow and "mlflow.tracking.fluent" in sys.modules:
+        # mlflow already loaded (its import did not find lifeguard installed).
+        from lifeguard.backends.mlflow.finalizer import preload_the_signal_path
+
+        preload_the_signal_path()
+        # A program that only resumes a run (no new run, so no context-provider call) still
+        # needs the heartbeat thread that adopts it: heartbeats off, it only adopts.
+        from lifeguard.backends.mlflow.heartbeat import start_for
+
+        start_for(options.heartbeat)
 
 
 def _maker(
@@ -152,21 +155,29 @@ def _maker(
     (any thread: nothing here may need the main thread, nor ``_lock``, which a thread that
     waits for the making may hold)."""
 
-    def make(posts: Posts) -> ProcessHooks:
-        from lifeguard import lifecycle as _lifecycle
+    def made(posts: Posts) -> ProcessHooks:
+        return make(posts, options, pid1_guardian)
 
-        lifecycle = _lifecycle.Lifecycle(options, registry(), posts)
-        if pid1_guardian is not None:
-            lifecycle.channel, lifecycle.guardian_pid = pid1_guardian
-        _lifecycle.set_current(lifecycle)
-        if not _builtin_handles:
-            _register_builtins(options, lifecycle)
-        return lifecycle.hooks
-
-    return make
+    return made
 
 
-def _work(options: Options) -> tuple[str, ...]:
+def make(
+    posts: Posts, options: Options, pid1_guardian: tuple[Channel, int] | None = None
+) -> ProcessHooks:
+    """The lifecycle of the posts install() armed, with ``options``: what their events go to."""
+    from lifeguard import lifecycle as _lifecycle
+
+    _ensure_fork_hook()
+    lifecycle = _lifecycle.Lifecycle(options, registry(), posts)
+    if pid1_guardian is not None:
+        lifecycle.channel, lifecycle.guardian_pid = pid1_guardian
+    _lifecycle.set_current(lifecycle)
+    if not _builtin_handles:
+        _register_builtins(options, lifecycle)
+    return lifecycle.hooks
+
+
+def work(options: Options) -> tuple[str, ...]:
     """The modules whose presence means a built-in finalizer has something to end."""
     work = ["mlflow.tracking.fluent"] if options.mlflow else []
     for name in options.trackers:
@@ -323,37 +334,6 @@ def _faulthandler_off() -> None:
 
         faulthandler.disable()
         _faulthandler_ours = False
-
-
-def _replay_journal_in_background() -> None:
-    """Statuses an earlier process on this machine could not write (server down, a second
-    signal) are written now, by a detached process of their own: never in this one, where
-    importing mlflow from a thread could deadlock with the program's own ``import mlflow``, and
-    bounding MLflow's HTTP calls would change the environment the program's own calls see."""
-    global replay_pid
-    # Not lifeguard.journal: what is needed here is a few system calls, whatever the journal
-    # holds (100,000 entries that can never be written cost what none do).
-    from lifeguard import journaldir
-
-    directory = journaldir.default_dir()
-    if not journaldir.replay_due(directory):
-        return
-    try:
-        # Claimed before the start: programs starting together start one replay, not one each.
-        journaldir.replay_started(directory)
-    except OSError as exc:
-        from lifeguard._log import logger
-
-        logger().debug("could not stamp the journal replay: %s", exc)
-    # The same spawn as the last gasp's (lifeguard.lastgasp): one way to start a replayer.
-    from lifeguard.lastgasp import start_replayer
-
-    try:
-        replay_pid = start_replayer(os.path.abspath(directory))
-    except OSError as exc:
-        from lifeguard._log import logger
-
-        logger().debug("could not start the journal replay: %s", exc)
 
 
 def uninstall() -> None:

@@ -20,8 +20,6 @@ one in place, so what is in the pipe came while it was lifeguard's signal, howev
 listener reads it, and when it came is in its record.
 """
 
-from __future__ import annotations
-
 import _thread
 import os
 
@@ -36,7 +34,7 @@ __all__ = ["Ears"]
 _MISSING: list[str] = []  # why the C handler could not be loaded, once said
 
 
-def _c_handler() -> ModuleType | None:
+def _c_handler() -> "ModuleType | None":
     """The compiled handler, or None in a checkout used without being built (``PYTHONPATH=``
     a source tree): then a signal is noticed by lifeguard's Python-level handler alone, once
     the main thread runs Python again, and one warning says so."""

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from typing import Protocol
 
     from lifeguard.channel import Channel
-    from lifeguard.sentry import Posts
+    from lifeguard.sentry import Handler, Posts
     from lifeguard.signals import Finalization
 
     class Observer(Finalization, Protocol):
@@ -50,10 +50,6 @@ class ProcessHooks:
         self.posts = posts
         self.signals = SignalWatch(lifecycle, posts, on_unwind=self.move_atexit_to_front)
         self._saved_os_exit: Callable[[int], object] | None = None
-
-    @property
-    def installed(self) -> bool:
-        return self._lifecycle.is_installed()
 
     # -- install / uninstall -----------------------------------------------------------------
 
@@ -109,6 +105,9 @@ class ProcessHooks:
 
     def on_threading_shutdown(self) -> None:
         self._lifecycle.on_threading_shutdown()
+
+    def program_sets(self, signum: int, handler: Handler) -> Handler:
+        return self.signals.program_sets(signum, handler)
 
     def at_exit(self) -> None:
         try:

@@ -7,8 +7,6 @@ holds: a journal of 100,000 entries that can never be written costs ``install()`
 one does. See :func:`replay_due`.
 """
 
-from __future__ import annotations
-
 import os
 import stat
 import time
@@ -25,6 +23,7 @@ __all__ = [
     "not_private",
     "read_private",
     "replay_due",
+    "replay_if_due",
     "replay_started",
     "replay_wanted",
     "run_of_temporary",
@@ -215,6 +214,39 @@ def replay_due(directory: str) -> bool:
         return _has_entry(directory)
     except OSError:
         return False
+
+
+# The pid of the journal replayer install() started in this process, if it started one.
+replay_pid: int | None = None
+
+
+def replay_if_due() -> None:
+    """At ``install()``: statuses an earlier process on this machine could not write (server
+    down, a second signal) are written now, if a replay is due (:func:`replay_due`), by a
+    detached process of their own: never in this one, where importing mlflow from a thread
+    could deadlock with the program's own ``import mlflow``, and bounding MLflow's HTTP calls
+    would change the environment the program's own calls see. Not lifeguard.journal: a few
+    system calls, whatever the journal holds."""
+    global replay_pid
+    directory = default_dir()
+    if not replay_due(directory):
+        return
+    try:
+        # Claimed before the start: programs starting together start one replay, not one each.
+        replay_started(directory)
+    except OSError as exc:
+        from lifeguard._log import logger
+
+        logger().debug("could not stamp the journal replay: %s", exc)
+    # The same spawn as the last gasp's (lifeguard.lastgasp): one way to start a replayer.
+    from lifeguard.lastgasp import start_replayer
+
+    try:
+        replay_pid = start_replayer(os.path.abspath(directory))
+    except OSError as exc:
+        from lifeguard._log import logger
+
+        logger().debug("could not start the journal replay: %s", exc)
 
 
 def _has_entry(directory: str) -> bool:

@@ -246,13 +246,13 @@ class Lifecycle:
         self.phase = Phase.FINALIZING
         self.outcome = outcome
         reports: list[Report] = []
-        posts = self.hooks.posts
+        signals = self.hooks.signals
         try:
             if "logging" in sys.modules:  # never import logging just for this line
                 from lifeguard._log import logger
 
                 logger().debug("finalizing with %r", outcome)
-            posts.guard()  # from the main thread: a Ctrl-C now ends the process
+            signals.guard()  # from the main thread: a Ctrl-C now ends the process
             if self._journaled.locked():
                 self._journaling_in = _thread.get_ident()
             try:
@@ -260,7 +260,7 @@ class Lifecycle:
                     outcome, self.options.deadline, prepared=self._note_journaled
                 )
             finally:
-                posts.unguard()
+                signals.unguard()
             return reports
         finally:
             self._note_journaled()

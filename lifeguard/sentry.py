@@ -17,8 +17,6 @@ Until then, and in a process that does not own the posts (a forked child inherit
 replaced would have.
 """
 
-from __future__ import annotations
-
 import _thread
 import atexit
 import os
@@ -44,8 +42,6 @@ if TYPE_CHECKING:
     class Receiver(Protocol):
         """What the hooks hand their events to, once made (``lifeguard.hooks.ProcessHooks``)."""
 
-        @property
-        def installed(self) -> bool: ...
         def on_signal(self, signum: int, frame: FrameType | None) -> None: ...
         def heard(self, deliveries: list[tuple[int, float]], at: float | None) -> None: ...
         def listen_timeout(self) -> float | None: ...
@@ -57,6 +53,7 @@ if TYPE_CHECKING:
         def exit_unwound(self, exc: SystemExit, top_level: FrameType) -> None: ...
         def at_exit(self) -> None: ...
         def on_threading_shutdown(self) -> None: ...
+        def program_sets(self, signum: int, handler: Handler) -> Handler: ...
 
 else:
     # The C module, not `signal`: that one pulls in enum and functools, ~4 ms, twice install()'s
@@ -86,13 +83,13 @@ LISTENER_WAIT = 5.0
 # on a loaded machine). Past this the event is handled as if lifeguard had nothing to say.
 MAKE_WAIT = 5.0
 
-_posts: Posts | None = None
+_posts: "Posts | None" = None
 _fork_hook = False
 
 
 def arm(
-    signals: tuple[int, ...], make: Callable[[Posts], Receiver], work: tuple[str, ...]
-) -> Posts:
+    signals: tuple[int, ...], make: "Callable[[Posts], Receiver]", work: tuple[str, ...]
+) -> "Posts":
     """Put lifeguard's hooks in place (``signals``: main thread only, RuntimeError elsewhere).
     ``make(posts)`` makes what their events go to, when the first one needs it; ``work`` names
     the modules whose presence means the finalizers have something to end."""
@@ -106,13 +103,13 @@ def arm(
     return posts
 
 
-def current() -> Posts | None:
+def current() -> "Posts | None":
     """The posts armed in *this* process, if any."""
     posts = _posts
     return posts if posts is not None and posts.owns() else None
 
 
-def made() -> Receiver | None:
+def made() -> "Receiver | None":
     """What this process's hooks hand their events to, made now if it was not yet; None if
     lifeguard is not installed here."""
     posts = current()
@@ -131,7 +128,7 @@ def see_the_program() -> None:
     toplevel.note(posts.noting_exit, posts.saved_exit, posts.exit_unwound)
 
 
-def at_threading_shutdown(callback: Callable[[], object]) -> None:
+def at_threading_shutdown(callback: "Callable[[], object]") -> None:
     """Call ``callback`` when threading's shutdown begins: the interpreter's first step once the
     program's main code is over, before it joins the program's threads. Those callbacks run
     newest first, so one registered later (at ``import mlflow``, after concurrent.futures
@@ -154,7 +151,7 @@ def _after_fork_in_child() -> None:
         posts.forget_after_fork()
 
 
-def _importing(frame: FrameType | None) -> bool:
+def _importing(frame: "FrameType | None") -> bool:
     """Whether ``frame`` (what a signal interrupted) or a caller of it is the import system's:
     the thread holds a module's import lock, which whatever makes the lifecycle elsewhere may
     come to wait for."""
@@ -194,7 +191,7 @@ class Unseen:
 class Quitter:
     """Wraps site's ``exit``/``quit`` builtins, which raise SystemExit without ``sys.exit``."""
 
-    def __init__(self, original: Callable[..., object], posts: Posts) -> None:
+    def __init__(self, original: "Callable[..., object]", posts: "Posts") -> None:
         self._original = original
         self.posts = posts
 
@@ -211,7 +208,7 @@ class Quitter:
 class Posts:
     """lifeguard's hooks in one process, what each replaced, and what hears the signals."""
 
-    def __init__(self, make: Callable[[Posts], Receiver], work: tuple[str, ...]) -> None:
+    def __init__(self, make: "Callable[[Posts], Receiver]", work: tuple[str, ...]) -> None:
         self.pid = os.getpid()
         self.armed = False
         self._make = make
@@ -343,7 +340,7 @@ class Posts:
 
     # -- what the events go to ---------------------------------------------------------------------
 
-    def made(self, wait: bool = True) -> Receiver | None:
+    def made(self, wait: bool = True) -> "Receiver | None":
         """What the hooks hand their events to, made now if need be, by one thread. None where
         this process does not own the posts, in the thread making it (a signal's hook, run in
         the middle of that), and, unless ``wait``, while another thread makes it."""
@@ -374,13 +371,9 @@ class Posts:
         (no event was, or the receiver would be made) is none of lifeguard's business."""
         return any(module in sys.modules for module in self._work)
 
-    def installed(self) -> bool:
-        receiver = self.receiver
-        return receiver is None or receiver.installed
-
     # -- the hooks -----------------------------------------------------------------------------
 
-    def handler(self, signum: int, frame: FrameType | None) -> None:
+    def handler(self, signum: int, frame: "FrameType | None") -> None:
         """The Python-level handler of each signal lifeguard hooked (lifeguard.signals)."""
         if not self.owns():
             # A forked child's, inherited; or one the program put back after uninstall(): act
@@ -408,7 +401,7 @@ class Posts:
         # acts on it once that is done.
 
     def excepthook(
-        self, tp: type[BaseException], value: BaseException, tb: TracebackType | None
+        self, tp: type[BaseException], value: BaseException, tb: "TracebackType | None"
     ) -> None:
         try:
             if self.owns():
@@ -416,16 +409,18 @@ class Posts:
                 if receiver is not None:
                     receiver.excepthook(value, tb, sys._getframe(0).f_back)
         finally:
+            from lifeguard.tracebacks import already_printed, without_own_frames
+
             hook = self.saved_excepthook or sys.__excepthook__
-            if hook is not sys.__excepthook__ or not _traceback_already_printed():
-                hook(tp, value, _without_own_frames(value, tb))
+            if hook is not sys.__excepthook__ or not already_printed():
+                hook(tp, value, without_own_frames(value, tb))
 
     def sys_exit(self, code: object = None) -> None:
         self.noting_exit(code, sys._getframe(1))
         with self.unseen:
             (self.saved_exit or sys.__dict__["exit"])(code)
 
-    def noting_exit(self, code: object, caller: FrameType) -> None:
+    def noting_exit(self, code: object, caller: "FrameType") -> None:
         """Note the exit; then the program exits as asked, whatever went wrong in lifeguard.
         A Ctrl-C that lands meanwhile goes on to the program, as it would have a moment
         earlier: exiting anyway would drop it and, the exit unnoted, call the run a success.
@@ -443,7 +438,7 @@ class Posts:
 
             logger().debug("lifeguard could not note the exit", exc_info=True)
 
-    def exit_unwound(self, exc: SystemExit, top_level: FrameType) -> None:
+    def exit_unwound(self, exc: SystemExit, top_level: "FrameType") -> None:
         """3.12+: ``exc`` leaves the program's top level (lifeguard.toplevel sees it go)."""
         if not self.owns():
             return
@@ -485,7 +480,7 @@ class Posts:
         C function is enough."""
         posts = self
 
-        def signal(signalnum: int, handler: Handler, /) -> Handler:
+        def signal(signalnum: int, handler: "Handler", /) -> "Handler":
             return posts.program_sets(signalnum, handler)
 
         signal.__name__ = signal.__qualname__ = "signal"
@@ -493,85 +488,25 @@ class Posts:
         self._wrapped["signal"] = signal
         setattr(_signal, "signal", signal)  # noqa: B010 - the interpreter's C module
 
+    def program_sets(self, signalnum: int, handler: "Handler") -> "Handler":
+        """The program sets a signal's handler: what that means for a signal lifeguard hooked is
+        the lifecycle's to say (``SignalWatch.program_sets``). Any other goes straight through,
+        as it would without lifeguard (raising as it would for a bad signal)."""
+        try:
+            signum = int(signalnum)
+        except (TypeError, ValueError):
+            return set_handler(signalnum, handler)
+        if signum not in self.saved or not self.owns() or not is_main_thread():
+            return set_handler(signalnum, handler)
+        receiver = self.made()
+        if receiver is None:  # set from a hook that runs while it is being made: as asked
+            return set_handler(signum, handler)
+        return receiver.program_sets(signum, handler)
+
     def _unwrap_signal(self) -> None:
         wrapper = self._wrapped.pop("signal", None)
         if wrapper is not None and _signal.signal is wrapper:
             setattr(_signal, "signal", set_handler)  # noqa: B010 - the interpreter's C module
-
-    def program_sets(self, signalnum: int, handler: Handler) -> Handler:
-        """The program sets a signal's handler. Back at the default action, a signal lifeguard
-        hooked is lifeguard's, default action and all (a ``signal.signal(SIGINT, SIG_DFL)``
-        too: "Ctrl-C just kills me"); back at Python's ``default_int_handler``,
-        KeyboardInterrupt's. Any other handler is the program's, and the listener stops hearing
-        the signal until lifeguard's is back (trio's ``open_signal_receiver`` puts it back on
-        its way out)."""
-        try:
-            signum = int(signalnum)
-        except (TypeError, ValueError):
-            return set_handler(signalnum, handler)  # raises as it would without lifeguard
-        if signum not in self.saved or not self.owns() or not is_main_thread():
-            return set_handler(signalnum, handler)
-        if self.installed():
-            if handler == _signal.SIG_DFL:
-                handler = self.handler
-                self.saved[signum] = _signal.SIG_DFL
-                self.takeover |= {signum}
-                self.watched -= {signum}
-                self.start_listener()
-            elif handler is _signal.default_int_handler:
-                self.saved[signum] = handler
-                self.takeover -= {signum}
-                self.watched |= {signum}
-        return self.set(signum, handler)
-
-    def set(self, signum: int, handler: Handler) -> Handler:
-        """Set ``signum``'s handler (main thread), the listener hearing it exactly while that
-        handler is lifeguard's. Deafened first: unregistering puts back the C handler that
-        lifeguard's chained to, and only then may ``signal.signal`` set what it sets."""
-        if signum in self.ears.heard:
-            self.ears.deafen(signum)
-        try:
-            return set_handler(signum, handler)
-        finally:
-            if self._should_hear(signum, _signal.getsignal(signum)):
-                self.ears.hear(signum)
-
-    def _should_hear(self, signum: int, handler: Handler) -> bool:
-        """Whether the listener hears ``signum`` while ``handler`` is in place: whenever it is
-        lifeguard's, and Ctrl-C's ``default_int_handler`` too once the process is on its way
-        to die of another signal (a Ctrl-C then means "now", even to a main thread stuck in
-        C that never runs a handler)."""
-        if handler == self.handler:
-            # Not for a signal whose handler before lifeguard's was the program's: the main
-            # thread calls that one (lifeguard.signals), and the listener has no say.
-            return signum in self.takeover or signum in self.watched
-        return self.ending and signum in self.watched and handler is _signal.default_int_handler
-
-    def hear_watched(self) -> None:
-        """The process is on its way to die of a signal: from now on, a Ctrl-C is heard too."""
-        if not self.ears.is_open:
-            return
-        for signum in self.watched:
-            if self._should_hear(signum, _signal.getsignal(signum)):
-                self.ears.hear(signum)
-
-    def guard(self) -> None:
-        """Main thread, as finalizing begins: lifeguard's handler stands in for
-        ``default_int_handler`` on the watched signals, so that a Ctrl-C now ends the process
-        (at once, or once the finalizers are done) instead of raising KeyboardInterrupt into
-        them. :meth:`unguard` puts Python's back."""
-        if not is_main_thread():
-            return
-        for signum in self.watched:
-            if _signal.getsignal(signum) is _signal.default_int_handler:
-                self.set(signum, self.handler)
-
-    def unguard(self) -> None:
-        if not is_main_thread():
-            return
-        for signum in self.watched:
-            if _signal.getsignal(signum) == self.handler:
-                self.set(signum, _signal.default_int_handler)
 
     # -- the listener thread ---------------------------------------------------------------------
 
@@ -643,7 +578,7 @@ class Posts:
         self._making = None
 
 
-def _unwrap(signum: int, handler: Handler) -> Handler:
+def _unwrap(signum: int, handler: "Handler") -> "Handler":
     """A handler inherited from a forked parent's lifeguard stands for what it replaced: a
     child's own install() must chain to that, not to the parent's posts."""
     while True:
@@ -651,49 +586,3 @@ def _unwrap(signum: int, handler: Handler) -> Handler:
         if not isinstance(posts, Posts) or posts.pid == os.getpid():
             return handler
         handler = posts.saved.get(signum, _signal.SIG_DFL)
-
-
-# -- the traceback the program prints ---------------------------------------------------------
-
-
-def _traceback_already_printed() -> bool:
-    """wandb's excepthook prints the traceback itself, then calls the hook it replaced unless
-    that was Python's default. With lifeguard's installed first, ours is that hook: calling the
-    default from here would print the traceback a second time, which the program without
-    lifeguard does not do."""
-    try:
-        caller = sys._getframe(2).f_code  # 0: here, 1: the excepthook, 2: whoever called it
-    except ValueError:  # called by the interpreter itself: no Python caller
-        return False
-    return caller.co_name == "exc_handler" and caller.co_filename.endswith(
-        os.path.join("wandb", "sdk", "lib", "exit_hooks.py")
-    )
-
-
-def _without_own_frames(value: BaseException, tb: TracebackType | None) -> TracebackType | None:
-    """The traceback as the program would print it without lifeguard: a KeyboardInterrupt
-    raised by a handler lifeguard chained to would otherwise show frames of lifeguard's hooks at
-    its tip (this module's, ``lifeguard/hooks.py``'s, ``lifeguard/signals.py``'s), or be nothing
-    but them (a Ctrl-C while no Python code of the program's ran). On 3.10 a SystemExit raised
-    through lifeguard's ``sys.exit`` or ``exit`` wrapper keeps that wrapper's frame at its tip
-    (``Unseen``); an uncaught one, shown by ``python -i``, would print it. The exception's own
-    traceback is the one printed, so it is cut too."""
-    if tb is not None and _is_own(tb.tb_frame):
-        value.__traceback__ = None
-        return None
-    entry: TracebackType | None = tb
-    while entry is not None and entry.tb_next is not None:
-        if _is_own(entry.tb_next.tb_frame):
-            entry.tb_next = None
-            break
-        entry = entry.tb_next
-    return tb
-
-
-_HOOK_SOURCES = tuple(
-    os.path.join("lifeguard", name) for name in ("sentry.py", "hooks.py", "signals.py")
-)
-
-
-def _is_own(frame: FrameType) -> bool:
-    return frame.f_code.co_filename.endswith(_HOOK_SOURCES)

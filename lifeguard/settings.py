@@ -6,8 +6,6 @@ gives nothing (no option, no ``LIFEGUARD_*`` variable: nearly every one) runs wi
 and its ``install()`` never loads those checks.
 """
 
-from __future__ import annotations
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import signal as _signal
@@ -19,19 +17,33 @@ __all__ = [
     "DEFAULT_DEADLINE",
     "DEFAULT_HEARTBEAT",
     "DEFAULT_SIGNALS",
+    "DEFAULT_SIGNUMS",
     "DEFAULT_TRACKERS",
+    "DEFAULT_WORK",
     "Options",
 ]
 
 DEFAULT_SIGNALS: tuple[str, ...] = ("SIGINT", "SIGTERM", "SIGHUP")
 # The same, by number, in the same order (lifeguard.options.parse_signals gives this tuple for
 # DEFAULT_SIGNALS; tests/test_units.py checks).
-_DEFAULT_SIGNUMS: tuple[int, ...] = (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP)
+DEFAULT_SIGNUMS: tuple[int, ...] = (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP)
 
 # The trackers lifeguard ends besides MLflow when the program imports them (lifeguard.names).
 # ClearML is opt-in: it has exit hooks of its own and its offline mode records no status, so the
 # adapter could not be tested here (docs/trackers.md).
 DEFAULT_TRACKERS: tuple[str, ...] = ("tensorboard", "wandb", "swanlab", "trackio")
+
+# With the defaults, the modules whose presence means a built-in finalizer has work: MLflow's
+# and DEFAULT_TRACKERS' (lifeguard.names.MODULES). Written out, not derived: install() with
+# nothing to check loads neither module for it (tests/test_units.py checks they agree).
+DEFAULT_WORK: tuple[str, ...] = (
+    "mlflow.tracking.fluent",
+    "torch.utils.tensorboard.writer",
+    "tensorboardX.writer",
+    "wandb",
+    "swanlab",
+    "trackio",
+)
 
 # Finalization must fit the shortest common grace period with room to spare: Kubernetes and
 # Slurm give 30 s before SIGKILL, and torchelastic's own teardown needs part of that.
@@ -62,7 +74,7 @@ class Options:
 
     def __init__(
         self,
-        signals: tuple[int, ...] = _DEFAULT_SIGNUMS,
+        signals: tuple[int, ...] = DEFAULT_SIGNUMS,
         deadline: float = DEFAULT_DEADLINE,
         mlflow: bool = True,
         end_attached: bool = False,
@@ -89,7 +101,7 @@ class Options:
     def __repr__(self) -> str:
         return f"Options({', '.join(self._shown(name) for name in self.NAMES)})"
 
-    def differences(self, other: Options) -> tuple[str, str]:
+    def differences(self, other: "Options") -> tuple[str, str]:
         """The options that differ, as ``name=value`` lists: (this one's, the other's)."""
         names = [n for n in self.NAMES if getattr(self, n) != getattr(other, n)]
         return (

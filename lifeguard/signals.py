@@ -45,6 +45,7 @@ import time
 from lifeguard._threads import is_main_thread, main_thread_ident, take_no_signals
 from lifeguard.death import die, die_by_signal
 from lifeguard.names import PACKAGES
+from lifeguard.sentry import set_handler
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -220,6 +221,81 @@ class SignalWatch:
         """Set once the ender thread is started: the process is on its way to die of a signal."""
         return self.posts.ending
 
+    # -- dispositions: the program's, and lifeguard's ------------------------------------------
+
+    def program_sets(self, signum: int, handler: Handler) -> Handler:
+        """The program sets the handler of a signal lifeguard hooked (main thread; the posts'
+        ``signal.signal`` hands it over). Back at the default action, the signal is lifeguard's,
+        default action and all (a ``signal.signal(SIGINT, SIG_DFL)`` too: "Ctrl-C just kills
+        me"); back at Python's ``default_int_handler``, KeyboardInterrupt's. Any other handler
+        is the program's, and the listener stops hearing the signal until lifeguard's is back
+        (trio's ``open_signal_receiver`` puts it back on its way out)."""
+        posts = self.posts
+        if self._lifecycle.is_installed():
+            if handler == _signal.SIG_DFL:
+                handler = posts.handler
+                posts.saved[signum] = _signal.SIG_DFL
+                posts.takeover |= {signum}
+                posts.watched -= {signum}
+                posts.start_listener()
+            elif handler is _signal.default_int_handler:
+                posts.saved[signum] = handler
+                posts.takeover -= {signum}
+                posts.watched |= {signum}
+        return self._set(signum, handler)
+
+    def _set(self, signum: int, handler: Handler) -> Handler:
+        """Set ``signum``'s handler (main thread), the listener hearing it exactly while that
+        handler is lifeguard's. Deafened first: unregistering puts back the C handler that
+        lifeguard's chained to, and only then may ``signal.signal`` set what it sets."""
+        ears = self.posts.ears
+        if signum in ears.heard:
+            ears.deafen(signum)
+        try:
+            return set_handler(signum, handler)
+        finally:
+            if self._should_hear(signum, _signal.getsignal(signum)):
+                ears.hear(signum)
+
+    def _should_hear(self, signum: int, handler: Handler) -> bool:
+        """Whether the listener hears ``signum`` while ``handler`` is in place: whenever it is
+        lifeguard's, and Ctrl-C's ``default_int_handler`` too once the process is on its way
+        to die of another signal (a Ctrl-C then means "now", even to a main thread stuck in
+        C that never runs a handler)."""
+        posts = self.posts
+        if handler == posts.handler:
+            # Not for a signal whose handler before lifeguard's was the program's: the main
+            # thread calls that one (see _chain), and the listener has no say.
+            return signum in posts.takeover or signum in posts.watched
+        return self.ending and signum in posts.watched and handler is _signal.default_int_handler
+
+    def _hear_watched(self) -> None:
+        """The process is on its way to die of a signal: from now on, a Ctrl-C is heard too."""
+        posts = self.posts
+        if not posts.ears.is_open:
+            return
+        for signum in posts.watched:
+            if self._should_hear(signum, _signal.getsignal(signum)):
+                posts.ears.hear(signum)
+
+    def guard(self) -> None:
+        """Main thread, as finalizing begins: lifeguard's handler stands in for
+        ``default_int_handler`` on the watched signals, so that a Ctrl-C now ends the process
+        (at once, or once the finalizers are done) instead of raising KeyboardInterrupt into
+        them. :meth:`unguard` puts Python's back."""
+        if not is_main_thread():
+            return
+        for signum in self.posts.watched:
+            if _signal.getsignal(signum) is _signal.default_int_handler:
+                self._set(signum, self.posts.handler)
+
+    def unguard(self) -> None:
+        if not is_main_thread():
+            return
+        for signum in self.posts.watched:
+            if _signal.getsignal(signum) == self.posts.handler:
+                self._set(signum, _signal.default_int_handler)
+
     # -- what the listener heard ---------------------------------------------------------------
 
     def heard(self, deliveries: list[tuple[int, float]], at: float | None) -> None:
@@ -274,7 +350,7 @@ class SignalWatch:
         if first is None:
             if lifecycle.is_installed():
                 self.posts.ending = True
-                self.posts.hear_watched()
+                self._hear_watched()
                 self._hold_the_interpreter_open()
                 try:
                     _thread.start_new_thread(self._end, (signum, at))
@@ -475,7 +551,7 @@ class SignalWatch:
         if self.ending:
             # A Ctrl-C from now on ends the process at once, rather than raise
             # KeyboardInterrupt into a main thread that waits for its death.
-            self.posts.guard()
+            self.guard()
             if _holds_nothing(frame):
                 # Interrupted outside every tracker, import and logging call: nothing the
                 # finalizers need is held here. Wait right here for the ender to end the

@@ -25,8 +25,6 @@ The runner's frames are the ones under the program's own top level, the ``__main
 code: coverage's, runpy's (``python -m``, which catches nothing). A plain script has none.
 """
 
-from __future__ import annotations
-
 import os
 import sys
 
@@ -46,12 +44,12 @@ __all__ = [
 
 # The main thread's bottom frame, and the frames under the program's top level (the runner's),
 # as seen first in this process (its pid: a forked child's stack is not its parent's).
-_bottom: FrameType | None = None
-_runner: list[FrameType] = []
+_bottom: "FrameType | None" = None
+_runner: "list[FrameType]" = []
 _seen_in: int | None = None
 # sys.monitoring's tool id and the code objects watched for a call of the unwrapped sys.exit.
 _tool: int | None = None
-_watched: list[CodeType] = []
+_watched: "list[CodeType]" = []
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 # The tool ids tried, in order: not the debugger's (0), coverage's (1), the profiler's (2) or the
 # optimizer's (5), by sys.monitoring's conventions.
@@ -59,9 +57,9 @@ _TOOL_IDS = (4, 3)
 
 
 def note(
-    exit_noted: Callable[[object, FrameType], object],
+    exit_noted: "Callable[[object, FrameType], object]",
     unwrapped: object,
-    exit_unwound: Callable[[SystemExit, FrameType], object],
+    exit_unwound: "Callable[[SystemExit, FrameType], object]",
 ) -> None:
     """See the program's stack, once per process: keep its bottom frame and its runner's, and
     (3.12+) watch them for a call of ``unwrapped`` (the ``sys.exit`` lifeguard wrapped), which
@@ -102,7 +100,7 @@ def note(
         _watch(frames, frames[program].f_code, exit_noted, unwrapped, exit_unwound)
 
 
-def _a_programs_bottom(frame: FrameType) -> bool:
+def _a_programs_bottom(frame: "FrameType") -> bool:
     """A module's code run by the interpreter (a script, ``-c``, the ``-m`` module's through
     runpy), not a REPL's statement (``<stdin>``, 3.13's ``<python-input-N>``)."""
     code = frame.f_code
@@ -124,7 +122,7 @@ def ended_at_a_call() -> bool:
     return _seen_here() and last_opcode(_bottom).startswith("CALL")
 
 
-def caught_by_the_runner(frame: FrameType) -> bool:
+def caught_by_the_runner(frame: "FrameType") -> bool:
     """Whether ``frame`` is one of the runner's, under the program's top level."""
     return _seen_here() and any(frame is f for f in _runner)
 
@@ -136,7 +134,7 @@ def _seen_here() -> bool:
 _RETURNS = ("RETURN_VALUE", "RETURN_CONST")
 
 
-def last_opcode(frame: FrameType | None) -> str:
+def last_opcode(frame: "FrameType | None") -> str:
     """The name of the last instruction ``frame`` ran, '' if it has none. From 3.11 on, a frame
     left by an exception from a call of a Python function stands on that call's inline cache,
     past the CALL itself (the specialized call skips its cache before it enters the callee):
@@ -158,11 +156,11 @@ def last_opcode(frame: FrameType | None) -> str:
 
 
 def _watch(
-    frames: list[FrameType],
-    top_level: CodeType,
-    exit_noted: Callable[[object, FrameType], object],
+    frames: "list[FrameType]",
+    top_level: "CodeType",
+    exit_noted: "Callable[[object, FrameType], object]",
     unwrapped: object,
-    exit_unwound: Callable[[SystemExit, FrameType], object],
+    exit_unwound: "Callable[[SystemExit, FrameType], object]",
 ) -> None:
     global _tool
     monitoring = sys.monitoring  # type: ignore[attr-defined,unused-ignore]
@@ -177,7 +175,7 @@ def _watch(
         return
     call, disable, missing = monitoring.events.CALL, monitoring.DISABLE, monitoring.MISSING
 
-    def on_call(code: CodeType, offset: int, callee: object, arg0: object) -> object:
+    def on_call(code: "CodeType", offset: int, callee: object, arg0: object) -> object:
         try:
             if callee is unwrapped or _is_sys_exit(callee):
                 exit_noted(None if arg0 is missing else arg0, sys._getframe(1))
@@ -192,7 +190,7 @@ def _watch(
             _watched.append(frame.f_code)
             monitoring.set_local_events(_tool, frame.f_code, call)
 
-    def on_unwind(code: CodeType, offset: int, exc: BaseException) -> object:
+    def on_unwind(code: "CodeType", offset: int, exc: BaseException) -> object:
         if code is top_level and isinstance(exc, SystemExit):
             try:
                 exit_unwound(exc, sys._getframe(1))

@@ -68,7 +68,7 @@ def install_once(journal: Path) -> float:
     code = (
         "import time, lifeguard\n"
         "t = time.perf_counter(); lifeguard.install(); print(time.perf_counter() - t)\n"
-        "import lifeguard.api as a; assert a.replay_pid is None, 'a replay was started'\n"
+        "import lifeguard.journaldir as a; assert a.replay_pid is None, 'a replay was started'\n"
     )
     env = {**os.environ, "LIFEGUARD_JOURNAL_DIR": str(journal)}
     done = subprocess.run([PY, "-c", code], env=env, capture_output=True, text=True, check=True)

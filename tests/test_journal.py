@@ -424,7 +424,7 @@ def test_programs_started_together_start_one_replay(tmp_path: Path) -> None:
 
     journal = Journal(str(tmp_path / "journal"))
     _entry(journal, "c" * 32)
-    code = "import lifeguard; lifeguard.install(); print(lifeguard.api.replay_pid or 0)"
+    code = "import lifeguard; lifeguard.install(); print(lifeguard.journaldir.replay_pid or 0)"
     env = {**os.environ, "LIFEGUARD_JOURNAL_DIR": journal.directory}
     pids = [
         int(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,

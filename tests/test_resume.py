@@ -181,7 +181,7 @@ while not adopted():
     assert time.monotonic() < give_up, "never adopted"
     time.sleep(0.05)
 demo.announce(run_ids=[run.info.run_id], watchdog=lifeguard.watchdog_pid(),
-              replay=lifeguard.api.replay_pid)
+              replay=lifeguard.journaldir.replay_pid)
 if os.environ.get("ENDING") == "exit0":
     sys.stdin.readline()
     sys.exit(0)

@@ -114,14 +114,14 @@ if args.order != "none" and not lifeguard_preinstalled():
         lifeguard.register(block, name="block")
 
 if args.wait_replay:
-    from lifeguard import api as _api
+    from lifeguard import journaldir as _journaldir
 
-    assert _api.replay_pid is not None, "install() found no journal to replay"
+    assert _journaldir.replay_pid is not None, "install() found no journal to replay"
     import select
 
     # The replayer is detached (nobody's child): a pidfd says when it is gone.
     try:
-        _pidfd = os.pidfd_open(_api.replay_pid)
+        _pidfd = os.pidfd_open(_journaldir.replay_pid)
     except ProcessLookupError:
         pass
     else:
