@@ -76,10 +76,14 @@ def install(**options: "Unpack[InstallOptions]") -> None:
         return
     # Nothing to check, the common case: the posts are armed with the defaults, and nothing
     # else is loaded (lifeguard.sentry). The rest of api.install()'s steps, in the same order.
+    if TYPE_CHECKING:
+        import signal as _signal
+    else:
+        import _signal  # not signal: it loads enum and functools (lifeguard/signals.py)
     from lifeguard import journaldir
-    from lifeguard.settings import DEFAULT_SIGNUMS, DEFAULT_WORK
 
-    posts = sentry.arm(DEFAULT_SIGNUMS, _make, DEFAULT_WORK)
+    signals = (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP)
+    posts = sentry.arm(signals, _make, _DEFAULT_WORK)
     sentry.see_the_program()
     if posts.has_work():
         from lifeguard import api
@@ -87,6 +91,20 @@ def install(**options: "Unpack[InstallOptions]") -> None:
 
         api.made_at_install(Options())
     journaldir.replay_if_due()
+
+
+# The defaults' modules whose presence means a built-in finalizer has work: MLflow's and the
+# default trackers' (lifeguard.names.MODULES). Written out: install() with nothing to check loads
+# neither lifeguard.settings nor lifeguard.names for them (tests/test_units.py checks they agree,
+# and that the signals above are settings.DEFAULT_SIGNALS).
+_DEFAULT_WORK = (
+    "mlflow.tracking.fluent",
+    "torch.utils.tensorboard.writer",
+    "tensorboardX.writer",
+    "wandb",
+    "swanlab",
+    "trackio",
+)
 
 
 def _make(posts: "Posts") -> "ProcessHooks":

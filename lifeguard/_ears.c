@@ -13,19 +13,26 @@
    SIGTERM then becomes a SIGSEGV now and then (3.10 and 3.13 with one thread, any version with
    threads starting and ending): the process no longer dies as it would have without lifeguard.
 
-   Registration and removal come from one thread at a time (lifeguard.ears holds a lock); a
+   Registration and removal come from one thread at a time (lifeguard.sentry holds a lock); a
    delivery may run in any thread meanwhile. The handler reads only the signal's fd (an atomic)
    and the action it found, which is written before the handler is installed and not changed
-   while it is. */
+   while it is.
+
+   The listener that reads the pipe is a thread of this module's (listen()): it waits in read(2)
+   holding nothing, and takes the GIL only to hand over what it read. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -243,6 +250,148 @@ ears_pipe(PyObject *module, PyObject *args)
     return Py_BuildValue("(ii)", read_fd, write_fd);
 }
 
+/* The listener: a thread started from C, not Python's. A Python thread, started at install(),
+   needs the GIL once to start, from a main thread busy importing the program, and the exit waits
+   for it to have run (until then, CPython 3.10 to 3.12 has not set up its state, and an
+   interpreter finalized meanwhile would free memory the thread then writes): the handover cost
+   every program a fifth of a millisecond. This one has no Python state until a signal comes,
+   is born with every signal blocked (a process-directed signal goes to another thread: the
+   program's, whose blocking call it interrupts), and stops calling into Python once the
+   interpreter is finalizing (a delivery then is too late for lifeguard anyway). */
+
+typedef struct {
+    int fd;
+    PyObject *callback;
+} listener_t;
+
+static int
+is_finalizing(void)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    return Py_IsFinalizing();
+#else
+    return _Py_IsFinalizing();
+#endif
+}
+
+/* callback(data) with the GIL; the next wait in milliseconds from what it returns (-1: none). */
+static int
+hand_over(PyObject *callback, const char *data, Py_ssize_t size)
+{
+    int timeout = -1;
+    PyGILState_STATE gil = PyGILState_Ensure();
+    PyObject *result = PyObject_CallFunction(callback, "y#", data, size);
+    if (result == NULL) {
+        PyErr_WriteUnraisable(callback);
+    }
+    else {
+        if (result != Py_None) {
+            double seconds = PyFloat_AsDouble(result);
+            if (seconds == -1.0 && PyErr_Occurred()) {
+                PyErr_WriteUnraisable(callback);
+            }
+            else if (seconds <= 0) {
+                timeout = 0;
+            }
+            else {
+                timeout = seconds >= INT_MAX / 1000 ? INT_MAX : (int)(seconds * 1000) + 1;
+            }
+        }
+        Py_DECREF(result);
+    }
+    PyGILState_Release(gil);
+    return timeout;
+}
+
+static void *
+listen_thread(void *arg)
+{
+    listener_t *listener = (listener_t *)arg;
+    int fd = listener->fd;
+    PyObject *callback = listener->callback;
+    char data[sizeof(record_t) * 256];
+    int timeout = -1;
+    free(listener);
+    for (;;) {
+        ssize_t size = 0;
+        if (timeout >= 0) {
+            struct pollfd ready = {fd, POLLIN, 0};
+            int count = poll(&ready, 1, timeout);
+            if (count < 0 && errno == EINTR) {
+                continue;
+            }
+            if (count == 0) {
+                if (is_finalizing()) {
+                    break;
+                }
+                timeout = hand_over(callback, data, 0); /* b"": the wait timed out */
+                continue;
+            }
+        }
+        size = read(fd, data, sizeof data);
+        if (size < 0 && errno == EINTR) {
+            continue;
+        }
+        if (size <= 0 || is_finalizing()) {
+            break; /* end of file: the write end was closed (lifeguard.sentry.Ears.close) */
+        }
+        timeout = hand_over(callback, data, size);
+    }
+    (void)close(fd);
+    if (!is_finalizing()) {
+        PyGILState_STATE gil = PyGILState_Ensure();
+        Py_DECREF(callback);
+        PyGILState_Release(gil);
+    }
+    return NULL;
+}
+
+PyDoc_STRVAR(listen_doc,
+"listen(read_fd, callback, /)\n--\n\n"
+"Start the listener thread: it reads read_fd (whole writes of RECORD bytes) and calls\n"
+"callback(data) with the GIL for each read, data being the bytes read, or b\"\" when the wait\n"
+"callback asked for ran out. callback returns how long the next wait may last, in seconds\n"
+"(None: for ever). At end of file the thread closes read_fd and ends.");
+
+static PyObject *
+ears_listen(PyObject *module, PyObject *args)
+{
+    int fd, error;
+    PyObject *callback;
+    pthread_t thread;
+    pthread_attr_t attributes;
+    sigset_t every, before;
+    if (!PyArg_ParseTuple(args, "iO:listen", &fd, &callback)) {
+        return NULL;
+    }
+    if (!PyCallable_Check(callback)) {
+        PyErr_SetString(PyExc_TypeError, "listen: callback must be callable");
+        return NULL;
+    }
+    listener_t *listener = (listener_t *)malloc(sizeof(listener_t));
+    if (listener == NULL) {
+        return PyErr_NoMemory();
+    }
+    Py_INCREF(callback);
+    listener->fd = fd;
+    listener->callback = callback;
+    (void)sigfillset(&every);
+    (void)pthread_attr_init(&attributes);
+    (void)pthread_attr_setdetachstate(&attributes, PTHREAD_CREATE_DETACHED);
+    /* The new thread inherits the mask of this one, blocked for that moment only. */
+    (void)pthread_sigmask(SIG_BLOCK, &every, &before);
+    error = pthread_create(&thread, &attributes, listen_thread, listener);
+    (void)pthread_sigmask(SIG_SETMASK, &before, NULL);
+    (void)pthread_attr_destroy(&attributes);
+    if (error != 0) {
+        Py_DECREF(callback);
+        free(listener);
+        errno = error;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    Py_RETURN_NONE;
+}
+
 /* Hearing the program end by a SystemExit (3.12+, lifeguard.toplevel): sys.monitoring's
    PY_UNWIND has no per-code form, so its callback is called for every frame an exception
    leaves, anywhere in the program. This filter is that callback: in C, it pushes no Python
@@ -338,6 +487,7 @@ static PyMethodDef ears_methods[] = {
     {"unregister", ears_unregister, METH_VARARGS, unregister_doc},
     {"is_registered", ears_is_registered, METH_VARARGS, is_registered_doc},
     {"pipe", ears_pipe, METH_VARARGS, pipe_doc},
+    {"listen", ears_listen, METH_VARARGS, listen_doc},
     {NULL, NULL, 0, NULL},
 };
 

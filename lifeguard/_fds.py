@@ -39,7 +39,7 @@ def pipe() -> tuple[int, int]:
     try:
         # The same, in C: install() then loads no fcntl (a shared library, ~0.2 ms) for it.
         from lifeguard._ears import pipe as c_pipe
-    except ImportError:  # a source tree used without being built (lifeguard.ears says so)
+    except ImportError:  # a source tree used without being built (lifeguard.sentry says so)
         import os
 
         read_fd, write_fd = os.pipe()

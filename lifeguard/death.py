@@ -1,6 +1,6 @@
 """The one way lifeguard ends a process: by a signal's default action, as the signal would have
-without lifeguard, from whichever thread decides it (the signal path's, the lifecycle's, the
-posts' in a forked child, the supervisor's)."""
+without lifeguard, from the main thread or any other (``lifeguard.signals.die`` picks). A leaf:
+the posts, the signal path, the lifecycle and the supervisor all end a process this way."""
 
 from __future__ import annotations
 
@@ -8,22 +8,13 @@ import os
 import sys
 import time
 
-from lifeguard._threads import is_main_thread
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import signal as _signal
 else:
     import _signal  # not signal: it pulls in enum and functools (lifeguard/signals.py)
 
-__all__ = ["die", "die_by_signal", "die_from_any_thread"]
-
-
-def die(signum: int) -> None:
-    """End the process by ``signum``'s default action, now, from whichever thread."""
-    if is_main_thread():
-        die_by_signal(signum)
-    die_from_any_thread(signum)
+__all__ = ["die_by_signal", "die_from_any_thread"]
 
 
 def die_by_signal(signum: int) -> None:
@@ -74,7 +65,7 @@ def die_from_any_thread(signum: int) -> None:
 
 def _deafen(signum: int) -> None:
     """Before the default action is set: lifeguard's C handler, in front of CPython's while
-    lifeguard hears the signal (``lifeguard.ears``), must not be put back over it."""
+    lifeguard hears the signal (``lifeguard.sentry``), must not be put back over it."""
     ears = sys.modules.get("lifeguard._ears")
     if ears is not None:
         try:

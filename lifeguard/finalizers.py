@@ -20,7 +20,7 @@ import _thread
 import sys
 import time
 
-from lifeguard._threads import take_signals_as_the_program
+from lifeguard.sentry import take_signals_as_the_program
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -305,7 +305,7 @@ def _run_one(handle: Handle, outcome: Outcome, timeout: float) -> Report:
             _deadlines.pop(ident, None)
 
     def in_a_thread() -> None:
-        take_signals_as_the_program()  # whatever thread starts this one (lifeguard/_threads.py)
+        take_signals_as_the_program()  # whatever thread starts this one (lifeguard/sentry.py)
         target()
 
     thread = threading.Thread(target=in_a_thread, name=f"lifeguard-finalizer[{handle.name}]")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from lifeguard._threads import is_main_thread
+from lifeguard.sentry import is_main_thread
 from lifeguard.signals import SignalWatch
 
 TYPE_CHECKING = False
@@ -94,8 +94,8 @@ class ProcessHooks:
     def on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.signals.on_signal(signum, frame)
 
-    def heard(self, deliveries: list[tuple[int, float]], at: float | None) -> None:
-        self.signals.heard(deliveries, at)
+    def heard(self, data: bytes, at: float | None) -> None:
+        self.signals.heard(data, at)
 
     def listen_timeout(self) -> float | None:
         return self.signals.listen_timeout()

@@ -14,9 +14,9 @@ import sys
 import time
 
 from lifeguard import sentry
-from lifeguard.death import die
 from lifeguard.finalizers import Registry
 from lifeguard.hooks import ProcessHooks
+from lifeguard.signals import die
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -162,7 +162,6 @@ class Lifecycle:
 
     def on_interpreter_exit(self) -> None:
         try:
-            self.hooks.posts.wait_for_the_listener()
             if self.owns_process():
                 # The main thread got to the end while the ender finalizes for a signal: the
                 # process dies of that signal, not of this exit.

@@ -21,8 +21,8 @@ import threading
 import time
 
 from lifeguard._log import logger
-from lifeguard._threads import take_no_signals
 from lifeguard.options import parse_signals
+from lifeguard.sentry import take_no_signals
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -1,20 +1,51 @@
-"""The posts lifeguard holds from ``install()`` on: its hooks, in place, and what they replaced.
+"""The posts lifeguard holds from ``install()`` on: its hooks, in place, what they replaced, and
+how it hears a signal.
 
 ``install()`` puts lifeguard's hooks in place, and nothing more: a Python-level handler for each
 signal it hooks (with lifeguard's C handler in front of CPython's, and the listener thread that
-reads what that one writes: ``lifeguard.ears``), an atexit hook, threading's shutdown hook,
-``sys.excepthook``, ``sys.exit``, the ``exit()``/``quit()`` builtins and ``signal.signal``. Each is
-a method of the :class:`Posts` armed then: what the program saves and puts back is one of these.
+reads what that one writes), an atexit hook, threading's shutdown hook, ``sys.excepthook``,
+``sys.exit``, the ``exit()``/``quit()`` builtins and ``signal.signal``. Each is a method of the
+:class:`Posts` armed then: what the program saves and puts back is one of these.
 
 What an event means is the lifecycle's business (``lifeguard.lifecycle``, ``lifeguard.hooks``,
 ``lifeguard.signals``), and loading it costs a few milliseconds. So it is made when the first
 event needs it (:meth:`Posts.made`): a signal, an exit call, an uncaught exception, a finalizer
 registered, a run started, the interpreter's exit with a tracker in use. A program that does none
-of these never loads it, and pays for install() what the hooks cost.
+of these never loads it. What install() loads is this module (each module costs ~0.1 ms to find
+and load, install()'s whole budget ~1.5 ms: the posts, the ears and the threads' rules are one
+module for that reason), the C handler, and the journal's directory; none of them has a
+``from __future__ import annotations``, which would load one module more.
 
 Until then, and in a process that does not own the posts (a forked child inherits them; an
 ``uninstall()`` leaves in place the ones the program took over), each hook acts as what it
 replaced would have.
+
+**Hearing a signal** (:class:`Ears`). CPython's own C handler only trips a flag (the Python-level
+handler runs once the main thread runs Python again: never, for a main thread stuck in a C call)
+and writes the signal's number to *the* wakeup fd. There is one wakeup fd per process, and it is
+the program's: asyncio, trio and uvloop each take it for their loop, uvloop through a function it
+bound when it was imported, out of anyone's reach. So lifeguard leaves it alone. Instead, for
+each signal it must hear, a C handler of lifeguard's own (``lifeguard._ears``) stands in front of
+CPython's: at delivery it writes one record, the signal's number and the time it came, to the
+pipe the listener reads (one pipe for every signal: one blocking read, no ``select``), then calls
+CPython's handler, which trips the Python-level handler and writes the program's wakeup fd
+exactly as without lifeguard. It does nothing else: no frame of any thread is read
+(faulthandler's chained handler, which dumps tracebacks first, turns a SIGTERM into a SIGSEGV now
+and then; see _ears.c). It writes whichever thread the kernel hands the signal to, Python's or a
+C library's. A signal is heard only while lifeguard's handler is the one in place, so what is in
+the pipe came while it was lifeguard's signal, however late the listener reads it, and when it
+came is in its record.
+
+**Threads.** A process-directed signal (Ctrl-C from the terminal, a launcher's SIGTERM) goes to
+whichever thread does not block it. Taken by one of lifeguard's own threads (the listener, the
+ender, the heartbeat), the main thread's blocking call (a REPL waiting for input, ``input()``, a
+``select``) would never be interrupted: a Ctrl-C at a REPL prompt waited for the next key. So
+those threads block every signal (:func:`take_no_signals`), and each stays the main thread's, as
+without lifeguard. A thread that runs the program's code (a finalizer: the program's own, a
+tracker's ``finish``) has the mask the program's main thread had instead
+(:func:`take_signals_as_the_program`): a process it starts (a last upload) inherits its mask
+across exec, and one with every signal blocked could not be stopped by ``Popen.terminate()``, a
+Ctrl-C or a scheduler's SIGTERM.
 """
 
 import _thread
@@ -22,19 +53,13 @@ import atexit
 import os
 import sys
 
-from lifeguard._threads import (
-    is_main_thread,
-    remember_the_main_thread,
-    remember_the_programs_mask,
-    take_no_signals,
-)
-from lifeguard.ears import Ears, wait
+from lifeguard._fds import pipe
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import signal as _signal
     from collections.abc import Callable
-    from types import FrameType, TracebackType
+    from types import FrameType, ModuleType, TracebackType
     from typing import Protocol
 
     Handler = Callable[[int, FrameType | None], object] | int | None
@@ -43,7 +68,7 @@ if TYPE_CHECKING:
         """What the hooks hand their events to, once made (``lifeguard.hooks.ProcessHooks``)."""
 
         def on_signal(self, signum: int, frame: FrameType | None) -> None: ...
-        def heard(self, deliveries: list[tuple[int, float]], at: float | None) -> None: ...
+        def heard(self, data: bytes, at: float | None) -> None: ...
         def listen_timeout(self) -> float | None: ...
         def timed_out(self) -> None: ...
         def excepthook(
@@ -61,27 +86,193 @@ else:
     import _signal
 
 __all__ = [
-    "LISTENER_WAIT",
     "MAKE_WAIT",
+    "Ears",
     "Posts",
     "arm",
     "at_threading_shutdown",
     "current",
+    "is_main_thread",
     "made",
+    "main_thread_ident",
     "see_the_program",
+    "take_no_signals",
+    "take_signals_as_the_program",
 ]
 
 # The interpreter's own function, before any Posts wraps it (see Posts._wrap_signal): every call
 # of lifeguard's goes to this one.
 set_handler = _signal.signal
 
-# How long the exit waits for a listener thread just started to run (see wait_for_the_listener):
-# a thread is scheduled within milliseconds even on a loaded machine; past this, exit anyway.
-LISTENER_WAIT = 5.0
-
 # How long a hook waits for the lifecycle that another thread is making (a few milliseconds; more
 # on a loaded machine). Past this the event is handled as if lifeguard had nothing to say.
 MAKE_WAIT = 5.0
+
+# -- threads -----------------------------------------------------------------------------------
+
+# The main thread's signal mask when lifeguard was installed (empty, nearly always).
+_program_mask: frozenset[int] = frozenset()
+
+
+def remember_the_programs_mask() -> None:
+    """In the main thread, at install()."""
+    global _program_mask
+    _program_mask = frozenset(_signal.pthread_sigmask(_signal.SIG_BLOCK, ()))
+
+
+def take_no_signals() -> None:
+    """First thing in every thread of lifeguard's own."""
+    _signal.pthread_sigmask(_signal.SIG_BLOCK, _signal.valid_signals())
+
+
+def take_signals_as_the_program() -> None:
+    """First thing in a thread that runs the program's code: the mask its main thread had,
+    whatever thread started this one (the ender blocks every signal)."""
+    _signal.pthread_sigmask(_signal.SIG_SETMASK, _program_mask)
+
+
+# The main thread's ident, taken at install() once a handler is set (which only the main thread
+# may do), and again in a forked child (whose one thread CPython makes its main one). Not
+# threading's: a program may never import it, and lifeguard's own threads start without it;
+# before 3.13, a threading first imported from such a thread (the ender's logging) takes *that*
+# thread for the main one. Either way the ender took itself for the main thread, could not
+# reset the signal's handler from there, and the process exited 143 instead of dying of SIGTERM.
+_main_ident: int | None = None
+
+
+def remember_the_main_thread() -> None:
+    """In the main thread, once a signal handler is set there (lifeguard.sentry)."""
+    global _main_ident
+    if _main_ident is None:
+        os.register_at_fork(after_in_child=remember_the_main_thread)
+    _main_ident = _thread.get_ident()
+
+
+def is_main_thread() -> bool:
+    if _main_ident is not None:
+        return _thread.get_ident() == _main_ident
+    threading = sys.modules.get("threading")
+    # Never installed with a handler: no thread of lifeguard's runs; threading knows best.
+    return threading is None or threading.current_thread() is threading.main_thread()
+
+
+def main_thread_ident() -> int | None:
+    if _main_ident is not None:
+        return _main_ident
+    threading = sys.modules.get("threading")
+    if threading is None:
+        return None
+    ident: int | None = threading.main_thread().ident
+    return ident
+
+
+# -- hearing a signal --------------------------------------------------------------------------
+
+_MISSING: list[str] = []  # why the C handler could not be loaded, once said
+
+
+def _c_handler() -> "ModuleType | None":
+    """The compiled handler, or None in a checkout used without being built (``PYTHONPATH=``
+    a source tree): then a signal is noticed by lifeguard's Python-level handler alone, once
+    the main thread runs Python again, and one warning says so."""
+    try:
+        import lifeguard._ears as _ears
+    except ImportError as exc:
+        if not _MISSING:
+            _MISSING.append(str(exc))
+            from lifeguard._log import logger
+
+            logger().warning(
+                "lifeguard's signal handler extension is not built (%s): a signal is noticed "
+                "only when the main thread runs Python; install lifeguard with pip to build it",
+                exc,
+            )
+        return None
+    return _ears
+
+
+class Ears:
+    """The pipe the listener reads, and lifeguard's C handler registered for the signals heard
+    now: each delivery of one writes its record there (its number and the time it came)."""
+
+    def __init__(self) -> None:
+        self._ends: tuple[int, int] | None = None  # (read end, write end)
+        self.heard: set[int] = set()
+        # hear() and deafen() come from the main thread and from the ender (see SignalWatch);
+        # re-entrant, because the main thread's own Python-level handler may come in between.
+        self._lock = _thread.RLock()
+
+    def open(self) -> None:
+        if self._ends is not None:
+            return
+        read_fd, write_fd = pipe()
+        # A handler must never block: a full pipe drops the record (4,096 deliveries unread,
+        # the first of which the listener has yet to act on). The read end blocks: the listener
+        # sleeps in read() until a signal comes.
+        os.set_blocking(write_fd, False)
+        self._ends = (read_fd, write_fd)
+
+    @property
+    def is_open(self) -> bool:
+        return self._ends is not None
+
+    def hear(self, signum: int) -> None:
+        """From now on, a delivery of ``signum`` is heard. Its Python-level handler must be a
+        callable (lifeguard's, or Python's ``default_int_handler``), so that the C handler
+        found in place, and chained to, is CPython's."""
+        ends = self._ends
+        _ears = _c_handler()
+        if ends is None or _ears is None:
+            return
+        with self._lock:
+            # A handler set since (signal.signal: CPython's again) may have replaced ours:
+            # register() then stands in front of that one, else it only keeps the fd.
+            _ears.register(signum, ends[1])
+            self.heard.add(signum)
+
+    def deafen(self, signum: int) -> None:
+        """Stop hearing ``signum``. Before its handler changes: unregistering puts back the C
+        handler that was there at registration (CPython's)."""
+        with self._lock:
+            if signum not in self.heard:
+                return
+            _ears = _c_handler()
+            if _ears is not None:
+                _ears.unregister(signum)
+            self.heard.discard(signum)
+
+    def listen(self) -> int:
+        """The read end, for :func:`wait` (the listener takes it once, at its start)."""
+        assert self._ends is not None, "open() first"
+        return self._ends[0]
+
+    def close(self) -> None:
+        """Hear nothing more; the listener, reading end-of-file, ends and closes the read end."""
+        with self._lock:
+            for signum in list(self.heard):
+                self.deafen(signum)
+            ends, self._ends = self._ends, None
+        if ends is not None:
+            os.close(ends[1])
+
+    def forget_after_fork(self) -> None:
+        """In a forked child: the pipe is the parent's, and no listener of this process reads
+        it. The child's deliveries go to CPython's handler alone, as before lifeguard."""
+        _ears = _c_handler()
+        if _ears is not None:
+            for signum in self.heard:
+                _ears.unregister(signum)
+        self.heard = set()
+        self._lock = _thread.RLock()  # another thread of the parent may have held it
+        ends, self._ends = self._ends, None
+        for fd in ends or ():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+# -- the posts ---------------------------------------------------------------------------------
 
 _posts: "Posts | None" = None
 _fork_hook = False
@@ -119,13 +310,35 @@ def made() -> "Receiver | None":
 def see_the_program() -> None:
     """Keep the program's top level in view (lifeguard.toplevel): how it ended is read from it
     at exit, and from 3.12 on an exit through a ``sys.exit`` bound before install() is noted as
-    any other. Once per process; cheap after that."""
+    any other, and a ``SystemExit`` that no hook saw as it leaves the top level. Before 3.12 it
+    is read only at exit: the frames are kept here, and lifeguard.toplevel is loaded with the
+    lifecycle. Cheap after the first time."""
     posts = current()
     if posts is None:
         return
-    from lifeguard import toplevel
+    frames = _the_programs_stack()
+    if posts.receiver is None and sys.version_info < (3, 12):
+        posts.program = frames
+    else:
+        posts.note_the_program(frames)
 
-    toplevel.note(posts.noting_exit, posts.saved_exit, posts.exit_unwound)
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _the_programs_stack() -> "list[FrameType]":
+    """The main thread's stack from its top down, lifeguard's own frames left out."""
+    if is_main_thread():
+        top: FrameType | None = sys._getframe(1)
+    else:  # another thread runs: threading is imported
+        main = sys.modules["threading"].main_thread().ident
+        top = sys._current_frames().get(main or -1)
+    frames: list[FrameType] = []
+    while top is not None:
+        if frames or not top.f_code.co_filename.startswith(_PACKAGE):  # not lifeguard's own
+            frames.append(top)
+        top = top.f_back
+    return frames
 
 
 def at_threading_shutdown(callback: "Callable[[], object]") -> None:
@@ -230,13 +443,13 @@ class Posts:
         # heard from then on.
         self.ending = False
         # The listener's ears: lifeguard's C handler in front of CPython's for each signal
-        # heard now (lifeguard.ears). The wakeup fd stays the program's.
+        # heard now (see Ears). The wakeup fd stays the program's.
         self.ears = Ears()
         self._listening = False
-        # Released by the listener thread once it runs (see wait_for_the_listener).
-        self._listener_runs: _thread.LockType | None = None
         # The C function the program calls, while lifeguard's wrapper stands in for it.
         self._wrapped: dict[str, object] = {}
+        # The program's stack as install() saw it, until the lifecycle is made (see_the_program).
+        self.program: list[FrameType] | None = None
         self.saved_excepthook: Callable[..., object] | None = None
         self.saved_exit: Callable[..., object] | None = None
         self._saved_quitters: dict[str, object] = {}
@@ -360,11 +573,19 @@ class Posts:
                 self._making = me
                 try:
                     self.receiver = self._make(self)
+                    program, self.program = self.program, None
+                    if program is not None:
+                        self.note_the_program(program)
                 finally:
                     self._making = None
         finally:
             lock.release()
         return self.receiver
+
+    def note_the_program(self, frames: "list[FrameType]") -> None:
+        from lifeguard import toplevel
+
+        toplevel.note(frames, self.noting_exit, self.saved_exit, self.exit_unwound)
 
     def has_work(self) -> bool:
         """Whether the finalizers would have something to end: a tracker is in use. Else an exit
@@ -449,7 +670,6 @@ class Posts:
     def at_exit(self) -> None:
         if not self.owns():
             return
-        self.wait_for_the_listener()
         receiver = self.receiver
         if receiver is None and self.has_work():
             receiver = self.made()
@@ -511,61 +731,43 @@ class Posts:
     # -- the listener thread ---------------------------------------------------------------------
 
     def start_listener(self) -> None:
-        if self._listening:
+        """The listener thread: lifeguard._ears's, started from C, waits in read(2) holding
+        nothing and takes the GIL only to hand over what it read (:meth:`_heard`). Without the
+        C handler nothing would write the pipe: no listener then."""
+        _ears = _c_handler()
+        if self._listening or _ears is None:
             return
         self._listening = True
         self.ears.open()
-        runs = self._listener_runs = _thread.allocate_lock()
-        runs.acquire()
-        _thread.start_new_thread(self._listen, (self.ears.listen(), runs))
-
-    def wait_for_the_listener(self) -> None:
-        """Block until the listener thread has run, at most LISTENER_WAIT (at once, nearly
-        always). Until a thread has run, CPython (3.10 to 3.12) has not set up its state: an
-        interpreter that finalized meanwhile (a program that ends just after install()) would
-        free the memory the thread then writes, and the process would die of SIGSEGV instead of
-        exiting as it would have. So the exit hook and uninstall() wait for it, as
-        threading.Thread.start() does; install() does not, on a loaded machine a thread may be
-        scheduled milliseconds later, and a program that runs on never has to wait."""
-        runs = self._listener_runs
-        if runs is not None and runs.acquire(timeout=LISTENER_WAIT):
-            runs.release()
+        _ears.listen(self.ears.listen(), self._heard)
 
     def _stop_listener(self) -> None:
         if not self._listening:
             return
-        self.wait_for_the_listener()
         self._listening = False
-        self.ears.close()  # end-of-file ends the listener
+        self.ears.close()  # end-of-file ends the listener, which closes its end
         self.ears = Ears()
 
-    def _listen(self, read_fd: int, running: _thread.LockType) -> None:
-        """What is in the pipe came while lifeguard's handler was the one in place (see
-        lifeguard.ears): lifeguard's signal, however late this thread reads it."""
-        take_no_signals()
-        running.release()
-        while True:
-            receiver = self.receiver
-            heard = wait(read_fd, receiver.listen_timeout() if receiver is not None else None)
-            if heard is None:
-                try:
-                    os.close(read_fd)
-                except OSError:  # closed already (a daemonizing program's closerange)
-                    pass
-                return
-            if not heard:
-                if receiver is not None:
-                    receiver.timed_out()
-                continue
-            # The time they came, before the receiver is made (milliseconds): the runs' end.
+    def _heard(self, data: bytes) -> "float | None":
+        """In the listener thread, with the GIL: the records it read, each a delivery that came
+        while lifeguard's handler was the one in place (see Ears), lifeguard's signal however
+        late it is read; or b"" once the wait it was given ran out. Returns how long it may wait
+        for the next one."""
+        receiver = self.receiver
+        if data:
             at = None
             if receiver is None:
                 import time
 
+                # The time they came, before the receiver is made (milliseconds): the runs' end.
                 at = time.time()
             receiver = self.made()
             if receiver is not None:
-                receiver.heard(heard, at)
+                receiver.heard(data, at)
+        elif receiver is not None:
+            receiver.timed_out()
+        receiver = self.receiver
+        return receiver.listen_timeout() if receiver is not None else None
 
     def forget_after_fork(self) -> None:
         """In a forked child: the pipes are shared with the parent, whose listener did not
@@ -573,7 +775,6 @@ class Posts:
         lifeguard. Locks another thread of the parent may have held are made anew."""
         self.ears.forget_after_fork()
         self._listening = False
-        self._listener_runs = None
         self._make_lock = _thread.allocate_lock()
         self._making = None
 

@@ -19,7 +19,6 @@ __all__ = [
     "DEFAULT_SIGNALS",
     "DEFAULT_SIGNUMS",
     "DEFAULT_TRACKERS",
-    "DEFAULT_WORK",
     "Options",
 ]
 
@@ -32,18 +31,6 @@ DEFAULT_SIGNUMS: tuple[int, ...] = (_signal.SIGINT, _signal.SIGTERM, _signal.SIG
 # ClearML is opt-in: it has exit hooks of its own and its offline mode records no status, so the
 # adapter could not be tested here (docs/trackers.md).
 DEFAULT_TRACKERS: tuple[str, ...] = ("tensorboard", "wandb", "swanlab", "trackio")
-
-# With the defaults, the modules whose presence means a built-in finalizer has work: MLflow's
-# and DEFAULT_TRACKERS' (lifeguard.names.MODULES). Written out, not derived: install() with
-# nothing to check loads neither module for it (tests/test_units.py checks they agree).
-DEFAULT_WORK: tuple[str, ...] = (
-    "mlflow.tracking.fluent",
-    "torch.utils.tensorboard.writer",
-    "tensorboardX.writer",
-    "wandb",
-    "swanlab",
-    "trackio",
-)
 
 # Finalization must fit the shortest common grace period with room to spare: Kubernetes and
 # Slurm give 30 s before SIGKILL, and torchelastic's own teardown needs part of that.

@@ -3,7 +3,7 @@
 1. ``install()`` gives each hooked signal a Python-level handler (so that CPython's C-level
    handler catches it) and, in front of that C handler, lifeguard's own, which writes the
    signal's number and the time it came to the pipe that one *listener* thread reads
-   (``lifeguard.ears``). The wakeup fd stays the program's: asyncio, trio and uvloop take it for
+   (``lifeguard.sentry``). The wakeup fd stays the program's: asyncio, trio and uvloop take it for
    their loops, whenever they like. Those handlers, the listener and what they replaced are the
    posts' (``lifeguard.sentry``); what a signal means is this module's.
 2. At delivery, the pipe gets written, whatever the main thread is doing: running Python, stuck
@@ -42,10 +42,9 @@ import _thread
 import sys
 import time
 
-from lifeguard._threads import is_main_thread, main_thread_ident, take_no_signals
-from lifeguard.death import die, die_by_signal
+from lifeguard.death import die_by_signal, die_from_any_thread
 from lifeguard.names import PACKAGES
-from lifeguard.sentry import set_handler
+from lifeguard.sentry import is_main_thread, main_thread_ident, set_handler, take_no_signals
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -88,7 +87,7 @@ else:
     # whole budget in a fresh interpreter. Same API.
     import _signal
 
-__all__ = ["REPEAT_WINDOW", "SignalWatch", "ending_noticed"]
+__all__ = ["REPEAT_WINDOW", "SignalWatch", "deliveries", "die", "ending_noticed"]
 
 # Two deliveries of the same signal closer than this are one stop, not an escalation. slurmd
 # sends each srun task two SIGTERMs 3-9 ms apart on a time limit or a preemption; a person's
@@ -99,6 +98,14 @@ REPEAT_WINDOW = 0.5
 # get. A heartbeat checks it after taking its stamp and before writing it (ending_noticed), so
 # that no beat stamped after the end lands, however late the finalizers stop the heartbeat.
 _ending_noticed = False
+
+
+def die(signum: int) -> None:
+    """End the process by ``signum``'s default action, now, from whichever thread: the one way
+    the signal path and the lifecycle end a process (lifeguard.death)."""
+    if is_main_thread():
+        die_by_signal(signum)
+    die_from_any_thread(signum)
 
 
 def ending_noticed() -> bool:
@@ -177,6 +184,31 @@ JOURNAL_WAIT = 1.0
 # and the contextvars it hands over, are not waited for. One that runs Python moves on at once,
 # or runs its handler, which the signal made pending, at its next instruction.
 STILL = 0.02
+
+
+def deliveries(data: bytes) -> list[tuple[int, float]]:
+    """The first and the last delivery of each signal in ``data`` (lifeguard/_ears.c's records):
+    a storm of one signal is one stop, or two if it lasted past the repeat window."""
+    import struct  # loaded at a signal, never by install()
+
+    import lifeguard._ears as _ears
+
+    record = _ears.RECORD
+
+    first: dict[int, float] = {}
+    last: dict[int, float] = {}
+    for signum, came_ns in struct.iter_unpack(
+        f"=B{record - 9}xq", data[: len(data) // record * record]
+    ):
+        came = came_ns / 1e9
+        first.setdefault(signum, came)
+        last[signum] = came
+    deliveries = []
+    for signum, came in first.items():
+        deliveries.append((signum, came))
+        if last[signum] != came:
+            deliveries.append((signum, last[signum]))
+    return deliveries
 
 
 class SignalWatch:
@@ -298,13 +330,13 @@ class SignalWatch:
 
     # -- what the listener heard ---------------------------------------------------------------
 
-    def heard(self, deliveries: list[tuple[int, float]], at: float | None) -> None:
-        """The listener read ``deliveries`` (number, monotonic time each came) from the pipe:
-        each came while lifeguard's handler was the one in place (see lifeguard.ears), and is
+    def heard(self, data: bytes, at: float | None) -> None:
+        """The listener read ``data`` from the pipe, records of deliveries (lifeguard._ears):
+        each came while lifeguard's handler was the one in place (see lifeguard.sentry), and is
         lifeguard's signal, however late the listener read it. ``at``: when it read them, if
         it had to make the lifecycle first."""
         now = _signal_time(at)
-        for signum, came in deliveries:
+        for signum, came in deliveries(data):
             self.notice(signum, now, escalate=True, came=came)
         self._bound_the_wait()
 

@@ -50,23 +50,24 @@ _seen_in: int | None = None
 # sys.monitoring's tool id and the code objects watched for a call of the unwrapped sys.exit.
 _tool: int | None = None
 _watched: "list[CodeType]" = []
-_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 # The tool ids tried, in order: not the debugger's (0), coverage's (1), the profiler's (2) or the
 # optimizer's (5), by sys.monitoring's conventions.
 _TOOL_IDS = (4, 3)
 
 
 def note(
+    frames: "list[FrameType]",
     exit_noted: "Callable[[object, FrameType], object]",
     unwrapped: object,
     exit_unwound: "Callable[[SystemExit, FrameType], object]",
 ) -> None:
-    """See the program's stack, once per process: keep its bottom frame and its runner's, and
-    (3.12+) watch them for a call of ``unwrapped`` (the ``sys.exit`` lifeguard wrapped), which
-    ``exit_noted(code, caller)`` notes, and the program's top level for a ``SystemExit`` leaving
-    it, which ``exit_unwound(exc, top_level)`` is told of. Nothing if the main thread's stack is
-    not a program's yet (site's import of a ``sitecustomize``) or is a REPL's (a statement's
-    own frame)."""
+    """See the program's stack (``frames``, the main thread's from its top down, lifeguard's own
+    left out: lifeguard.sentry.see_the_program), once per process: keep its bottom frame and
+    its runner's, and (3.12+) watch them for a call of ``unwrapped`` (the ``sys.exit``
+    lifeguard wrapped), which ``exit_noted(code, caller)`` notes, and the program's top level
+    for a ``SystemExit`` leaving it, which ``exit_unwound(exc, top_level)`` is told of. Nothing
+    if the main thread's stack is not a program's yet (site's import of a ``sitecustomize``) or
+    is a REPL's (a statement's own frame)."""
     global _bottom, _runner, _seen_in
     if _seen_in == os.getpid():
         return
@@ -74,18 +75,6 @@ def note(
         # A forked parent's watch, inherited: its tool id is taken in this process too, and
         # its callbacks speak for the parent's lifecycle.
         stop_watching()
-    from lifeguard._threads import is_main_thread
-
-    if is_main_thread():
-        top: FrameType | None = sys._getframe(1)
-    else:  # another thread runs: threading is imported
-        main = sys.modules["threading"].main_thread().ident
-        top = sys._current_frames().get(main or -1)
-    frames: list[FrameType] = []
-    while top is not None:
-        if frames or not top.f_code.co_filename.startswith(_PACKAGE):  # not lifeguard's own
-            frames.append(top)
-        top = top.f_back
     if not frames or not _a_programs_bottom(frames[-1]):
         return
     _seen_in = os.getpid()
@@ -205,7 +194,7 @@ def _watch(
         from lifeguard._ears import only_for
 
         callback = only_for(top_level, on_unwind)
-    except ImportError:  # a checkout used without being built (lifeguard.ears says so)
+    except ImportError:  # a checkout used without being built (lifeguard.sentry says so)
         callback = on_unwind
     monitoring.register_callback(_tool, monitoring.events.PY_UNWIND, callback)
     monitoring.set_events(_tool, monitoring.events.PY_UNWIND)

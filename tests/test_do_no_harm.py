@@ -22,7 +22,7 @@ from lifeguard import demo
 from lifeguard import options as _options
 from lifeguard.options import Options, parse_signals
 from lifeguard.outcome import Outcome, exit_code_of
-from tests.conftest import CHILD_TIMEOUT, REPO, Store, child_env
+from tests.conftest import CHILD_TIMEOUT, REPO, Store, child_env, trials
 
 # The documented upper bound for every option in seconds.
 MAX_SECONDS: float = getattr(_options, "MAX_SECONDS", 3600.0)
@@ -397,38 +397,55 @@ def test_uninstall_then_install_takes_the_new_options() -> None:
     assert "lifeguard.uninstall()" in result.stderr
 
 
-def test_the_exit_and_uninstall_wait_for_the_listener_thread_to_run() -> None:
-    """A thread that has not run yet has no thread state in CPython 3.10 to 3.12: if the
-    program ends before it runs, the interpreter frees memory the thread then writes, and the
-    process dies of SIGSEGV (1 in about 300 on 3.10, with install() just before the end). So
-    lifeguard's exit hook and uninstall() wait for its listener to have run. Here a scheduler
-    that starts each new thread a second late stands in for a loaded machine."""
-    code = textwrap.dedent(
+def test_install_starts_no_python_thread_and_a_program_may_end_at_once() -> None:
+    """lifeguard's listener is a thread of lifeguard._ears's, started from C: install() starts no
+    Python thread. One that has not run yet when the program ends has no thread state in
+    CPython 3.10 to 3.12, and the interpreter then frees memory the thread writes: the process
+    died of SIGSEGV, 1 in about 300 on 3.10, when it ended just after install(). Here programs
+    end at once after install(), after uninstall() and install() again, or with a signal of
+    their own handled in between; each exits as it would without lifeguard."""
+    spy = textwrap.dedent(
         """
-        import atexit, sys, _thread, time, lifeguard
-        started, ran = [], []
+        import _thread, os, signal, sys, lifeguard
+        started = []
         start = _thread.start_new_thread
-        def late(function, args):
-            time.sleep(1.0)
-            ran.append(_thread.get_ident())
-            function(*args)
-        def spy(function, args):
-            started.append(start(late, (function, args)))
-            return started[-1]
+        def spy(function, args, *rest):
+            started.append(function)
+            return start(function, args, *rest)
         _thread.start_new_thread = spy
         lifeguard.install()
         lifeguard.uninstall()
-        print("uninstall", started == ran, flush=True)
-        # atexit runs last-registered-first: this hook runs after lifeguard's.
-        atexit.register(lambda: print("exit", started == ran, flush=True))
         lifeguard.install()
+        print("started", len(started), flush=True)
         """
     )
     result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=CHILD_TIMEOUT
+        [sys.executable, "-c", spy], capture_output=True, text=True, timeout=CHILD_TIMEOUT
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["uninstall", "True", "exit", "True"], result.stderr
+    assert result.stdout.split() == ["started", "0"], result.stderr
+    endings = [
+        "lifeguard.install()",
+        "lifeguard.install(); lifeguard.uninstall(); lifeguard.install()",
+        "signal.signal(signal.SIGUSR1, lambda *a: None); lifeguard.install(); "
+        "os.kill(os.getpid(), signal.SIGUSR1)",
+        "lifeguard.install(); sys.exit(3)",
+    ]
+    codes = [0, 0, 0, 3]
+    procs = []
+    for trial in range(trials(300, 40)):
+        ending = trial % len(endings)
+        code = f"import os, signal, sys, lifeguard; {endings[ending]}"
+        procs.append(
+            (ending, subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE))
+        )
+        if len(procs) >= 8:
+            ending, proc = procs.pop(0)
+            _, err = proc.communicate(timeout=CHILD_TIMEOUT)
+            assert (proc.returncode, err) == (codes[ending], b""), endings[ending]
+    for ending, proc in procs:
+        _, err = proc.communicate(timeout=CHILD_TIMEOUT)
+        assert (proc.returncode, err) == (codes[ending], b""), endings[ending]
 
 
 def test_readme_documents_every_exported_name() -> None:

@@ -343,7 +343,7 @@ def test_a_parked_main_thread_starts_no_run_between_the_finalizers_and_the_death
     just before the death, in a stress trial) was one nobody ended. The moment is widened here
     to a second, as a loaded machine can stretch it."""
     body = """
-import lifeguard.death as watch
+import lifeguard.signals as watch
 dies = watch.die_from_any_thread
 def slowly(signum):
     time.sleep(1.0)  # the moment between the finalizers and the death, widened

@@ -188,16 +188,17 @@ while True:
 """
 
 HEAR_USR1 = """
-from lifeguard.ears import Ears, wait
+import lifeguard._ears as _ears
+from lifeguard.sentry import Ears
+from lifeguard.signals import deliveries
 signal.signal(signal.SIGUSR1, lambda *_: None)
 ears = Ears()
 ears.open()
 ears.hear(signal.SIGUSR1)
 heard = []
-def listen(fd=ears.listen()):
-    while (ready := wait(fd, None)) is not None:
-        heard.extend(signum for signum, _ in ready)
-threading.Thread(target=listen, daemon=True).start()
+def listen(data):  # in lifeguard's listener thread, started from C, with the GIL
+    heard.extend(signum for signum, _ in deliveries(data))
+_ears.listen(ears.listen(), listen)
 """
 
 

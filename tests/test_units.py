@@ -272,12 +272,8 @@ def test_install_with_nothing_to_check_loads_no_checks_and_no_backend() -> None:
         "lifeguard",
         "lifeguard._ears",
         "lifeguard._fds",
-        "lifeguard._threads",
-        "lifeguard.ears",
         "lifeguard.journaldir",
         "lifeguard.sentry",
-        "lifeguard.settings",
-        "lifeguard.toplevel",
     }
     assert names == "['trackio', 'swanlab', 'wandb', 'mlflow', 'tensorboard']"
     result = subprocess.run(
@@ -614,13 +610,25 @@ def test_track_rejects_objects_it_cannot_end() -> None:
         lifeguard.track(WandbLike(), method="stop")
 
 
-def test_the_defaults_work_modules_are_the_default_trackers_modules() -> None:
-    """install() with nothing to check knows which modules mean a tracker is in use without
-    loading lifeguard.names for it (settings.DEFAULT_WORK, written out): the same list."""
-    from lifeguard import api
-    from lifeguard.settings import DEFAULT_WORK
+def test_install_with_nothing_to_check_arms_the_default_options() -> None:
+    """install() with nothing to check knows the default signals and which modules mean a
+    tracker is in use without loading lifeguard.settings or lifeguard.names for them (written
+    out in lifeguard/__init__.py): the same as the options' defaults."""
+    from lifeguard import api, sentry
+    from lifeguard.settings import DEFAULT_SIGNUMS
 
-    assert api.work(Options()) == DEFAULT_WORK
+    assert api.work(Options()) == lifeguard._DEFAULT_WORK
+    result = python(
+        """
+        import lifeguard
+        from lifeguard import sentry
+        lifeguard.install()
+        print(sorted(sentry.current().saved))
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(sorted(DEFAULT_SIGNUMS))
+    assert sentry.current() is None  # nothing armed in the test process itself
 
 
 def test_builtin_finalizers_run_in_the_documented_order() -> None:
@@ -965,10 +973,11 @@ def test_no_import_lock_is_released_while_an_import_runs(
 
 def test_each_delivery_is_read_with_its_signal_and_the_time_it_came() -> None:
     """lifeguard's C handler writes a record per delivery: the signal's number and the
-    monotonic time it came, which the listener reads however late (lifeguard.ears)."""
+    monotonic time it came, which the listener reads however late (lifeguard.sentry)."""
     import time
 
-    from lifeguard.ears import Ears, wait
+    from lifeguard.sentry import Ears
+    from lifeguard.signals import deliveries
 
     previous = signal.signal(signal.SIGUSR2, lambda *_: None)
     ears = Ears()
@@ -981,8 +990,7 @@ def test_each_delivery_is_read_with_its_signal_and_the_time_it_came() -> None:
         between = time.monotonic()
         signal.raise_signal(signal.SIGUSR2)
         after = time.monotonic()
-        heard = wait(read_fd, 5.0)
-        assert heard is not None
+        heard = deliveries(os.read(read_fd, 4096))
         assert [signum for signum, _ in heard] == [signal.SIGUSR2, signal.SIGUSR2]
         (_, first), (_, last) = heard
         assert before <= first <= between <= last <= after

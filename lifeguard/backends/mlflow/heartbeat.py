@@ -25,7 +25,6 @@ import threading
 import time
 
 from lifeguard._log import logger
-from lifeguard._threads import take_no_signals
 from lifeguard.backends.mlflow import active
 from lifeguard.names import (
     TAG_ENDED_BY,
@@ -33,6 +32,7 @@ from lifeguard.names import (
     TAG_HEARTBEAT_INTERVAL,
     TAG_RESUMED_END,
 )
+from lifeguard.sentry import take_no_signals
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -10,10 +10,10 @@ loads the finalizer alone (finalizer.py), which is all a program that never logs
 from __future__ import annotations
 
 from lifeguard._log import logger
-from lifeguard._threads import take_no_signals
 from lifeguard.backends.mlflow import active
 from lifeguard.backends.mlflow.active import raised_in_run_change
 from lifeguard.backends.mlflow.active import uncaught as _uncaught
+from lifeguard.sentry import take_no_signals
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
