@@ -2,8 +2,8 @@
 without lifeguard, from the main thread or any other (``lifeguard.signals.die`` picks). A leaf:
 the posts, the signal path, the lifecycle and the supervisor all end a process this way."""
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: a forked child's inherited handler imports this
+# module at the signal, and the thread it interrupted may be in the middle of importing that one.
 import os
 import sys
 import time

@@ -7,6 +7,9 @@ holds: a journal of 100,000 entries that can never be written costs ``install()`
 one does. See :func:`replay_due`.
 """
 
+# Few docstrings below, comments instead: install() loads this module (lifeguard/sentry.py says
+# why what it loads is kept small).
+
 import os
 import stat
 import time
@@ -46,12 +49,13 @@ MAX_ENTRY_BYTES = 64 * 1024
 
 
 class Untrusted(Exception):
-    """A file or directory that the current user does not solely control."""
+    # A file or directory that the current user does not solely control.
+    pass
 
 
 def untrusted_directory(path: str) -> str | None:
-    """Why ``path`` is not a private directory of the current user, or None if it is one (or
-    does not exist). The last component is not followed: a symlink is refused."""
+    # Why ``path`` is not a private directory of the current user, or None if it is one (or
+    # does not exist). The last component is not followed: a symlink is refused.
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -68,9 +72,10 @@ def untrusted_directory(path: str) -> str | None:
 
 
 def read_private(path: str, limit: int = MAX_ENTRY_BYTES) -> bytes:
-    """The bytes of ``path`` if it is a regular file of the current user, mode 0600, at most
-    ``limit`` bytes; raises :class:`Untrusted` (why) otherwise, FileNotFoundError if it is gone.
-    Never follows a symlink and never blocks (a FIFO, a device), never reads past ``limit``."""
+    # The bytes of ``path`` if it is a regular file of the current user, mode 0600, at most
+    # ``limit`` bytes; raises :class:`Untrusted` (why) otherwise, FileNotFoundError if it is
+    # gone. Never follows a symlink and never blocks (a FIFO, a device), never reads past
+    # ``limit``.
     return _read_private(path, limit)[0]
 
 
@@ -129,19 +134,20 @@ def _kind(mode: int) -> str:
 
 
 def default_dir() -> str:
-    """Where the journal is: ``$LIFEGUARD_JOURNAL_DIR``, else the user's cache
-    (``$XDG_CACHE_HOME/lifeguard/journal``, else ``~/.cache/lifeguard/journal``) if it can be
-    written there, else a private per-user directory on this host (``$XDG_RUNTIME_DIR``'s, then
-    the temporary directory's). A container's user often has no home, or a read-only one:
-    nothing is created under a home that does not exist. Looks, creates nothing."""
+    # Where the journal is: ``$LIFEGUARD_JOURNAL_DIR``, else the user's cache
+    # (``$XDG_CACHE_HOME/lifeguard/journal``, else ``~/.cache/lifeguard/journal``) if it can
+    # be written there, else a private per-user directory on this host
+    # (``$XDG_RUNTIME_DIR``'s, then the temporary directory's). A container's user often has
+    # no home, or a read-only one: nothing is created under a home that does not exist. Looks,
+    # creates nothing.
     return location()[0]
 
 
 def not_private(directory: str, mode: int) -> str | None:
-    """Why lifeguard must not make the existing ``directory`` (``mode``) its private one, if it
-    must not: only a directory lifeguard names itself (``.../lifeguard/journal``, the default
-    places) is tightened to 0700. Any other (a shared results directory, a home, /proc as root)
-    is someone's: chmod 700 took it from everyone else, without a word."""
+    # Why lifeguard must not make the existing ``directory`` (``mode``) its private one, if it
+    # must not: only a directory lifeguard names itself (``.../lifeguard/journal``, the
+    # default places) is tightened to 0700. Any other (a shared results directory, a home,
+    # /proc as root) is someone's: chmod 700 took it from everyone else, without a word.
     if not mode & 0o7077 or directory.rstrip(os.sep).endswith(os.path.join("lifeguard", "journal")):
         return None
     return (
@@ -151,7 +157,7 @@ def not_private(directory: str, mode: int) -> str | None:
 
 
 def location() -> tuple[str, str | None]:
-    """(the journal directory, the private per-user directory to create first, if any)."""
+    # (the journal directory, the private per-user directory to create first, if any).
     explicit = os.environ.get("LIFEGUARD_JOURNAL_DIR")
     if explicit:
         return explicit, None
@@ -182,18 +188,18 @@ def location() -> tuple[str, str | None]:
 
 
 def replay_due(directory: str) -> bool:
-    """Whether ``install()`` should start a replay of the journal in ``directory``:
-
-    - a process left a new status there after a failed write (:data:`REPLAY_WANTED` is newer
-      than the last replay's start): at once;
-    - else, while entries wait, once every :data:`REPLAY_EVERY` (an entry that cannot be
-      written for now, its server down for a week, costs one replay every ten minutes; not one
-      per program started, nor fifty when a node's fifty jobs start together).
-
-    A constant number of system calls, whatever the journal holds (a few ``lstat``, the stamp's
-    read; the directory is looked into only when a replay may be due, and then only as far as
-    its first entry): 100,000 entries that can never be written cost what none do. A directory
-    that is not private has nothing to replay (``lifeguard sweep`` says why)."""
+    # Whether ``install()`` should start a replay of the journal in ``directory``:
+    #
+    # - a process left a new status there after a failed write (:data:`REPLAY_WANTED` is newer
+    # than the last replay's start): at once; - else, while entries wait, once every
+    # :data:`REPLAY_EVERY` (an entry that cannot be written for now, its server down for a
+    # week, costs one replay every ten minutes; not one per program started, nor fifty when a
+    # node's fifty jobs start together).
+    #
+    # A constant number of system calls, whatever the journal holds (a few ``lstat``, the
+    # stamp's read; the directory is looked into only when a replay may be due, and then only
+    # as far as its first entry): 100,000 entries that can never be written cost what none do.
+    # A directory that is not private has nothing to replay (``lifeguard sweep`` says why).
     try:
         if untrusted_directory(directory) is not None:
             return False
@@ -221,12 +227,12 @@ replay_pid: int | None = None
 
 
 def replay_if_due() -> None:
-    """At ``install()``: statuses an earlier process on this machine could not write (server
-    down, a second signal) are written now, if a replay is due (:func:`replay_due`), by a
-    detached process of their own: never in this one, where importing mlflow from a thread
-    could deadlock with the program's own ``import mlflow``, and bounding MLflow's HTTP calls
-    would change the environment the program's own calls see. Not lifeguard.journal: a few
-    system calls, whatever the journal holds."""
+    # At ``install()``: statuses an earlier process on this machine could not write (server
+    # down, a second signal) are written now, if a replay is due (:func:`replay_due`), by a
+    # detached process of their own: never in this one, where importing mlflow from a thread
+    # could deadlock with the program's own ``import mlflow``, and bounding MLflow's HTTP
+    # calls would change the environment the program's own calls see. Not lifeguard.journal: a
+    # few system calls, whatever the journal holds.
     global replay_pid
     directory = default_dir()
     if not replay_due(directory):
@@ -250,8 +256,8 @@ def replay_if_due() -> None:
 
 
 def _has_entry(directory: str) -> bool:
-    """Whether ``directory`` holds an entry, or one whose writer may have died before renaming
-    it into place: read only as far as the first one."""
+    # Whether ``directory`` holds an entry, or one whose writer may have died before renaming
+    # it into place: read only as far as the first one.
     try:
         with os.scandir(directory) as names:
             return any(
@@ -263,8 +269,8 @@ def _has_entry(directory: str) -> bool:
 
 
 def run_of_temporary(name: str) -> str | None:
-    """The run whose entry the file ``name`` was on its way to be (``<run_id>.json.<pid>.tmp``,
-    see Journal.write), or None if it is no such file."""
+    # The run whose entry the file ``name`` was on its way to be (``<run_id>.json.<pid>.tmp``,
+    # see Journal.write), or None if it is no such file.
     if not name.endswith(TEMPORARY):
         return None
     entry, _, pid = name[: -len(TEMPORARY)].rpartition(".")
@@ -277,8 +283,8 @@ def run_of_temporary(name: str) -> str | None:
 
 
 def _read_stamp(directory: str) -> tuple[float, float] | None:
-    """(the local time the last replay started, the stamp's mtime), or None if there is no
-    usable stamp. Never follows a symlink nor blocks on a FIFO planted in its place."""
+    # (the local time the last replay started, the stamp's mtime), or None if there is no
+    # usable stamp. Never follows a symlink nor blocks on a FIFO planted in its place.
     try:
         data, st = _read_private(os.path.join(directory, REPLAY_STAMP), 64)
         return float(data.decode().strip()), st.st_mtime
@@ -287,8 +293,8 @@ def _read_stamp(directory: str) -> tuple[float, float] | None:
 
 
 def replay_started(directory: str) -> None:
-    """Stamp the start of a replay (see :func:`replay_due`): the local time, written atomically.
-    Raises OSError."""
+    # Stamp the start of a replay (see :func:`replay_due`): the local time, written
+    # atomically. Raises OSError.
     path = os.path.join(directory, REPLAY_STAMP)
     tmp = f"{path}.{os.getpid()}.tmp"
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK
@@ -298,10 +304,10 @@ def replay_started(directory: str) -> None:
 
 
 def write_whole(fd: int, tmp: str, data: bytes) -> None:
-    """Write ``data`` to the new file ``tmp`` (open as ``fd``, closed here), mode 0600, or
-    remove it and raise: a write that fails (a full or read-only file system) left an empty
-    or cut file behind, which a later replay set aside as corrupt (a "corrupt" line for a
-    status that had been written after all)."""
+    # Write ``data`` to the new file ``tmp`` (open as ``fd``, closed here), mode 0600, or
+    # remove it and raise: a write that fails (a full or read-only file system) left an empty
+    # or cut file behind, which a later replay set aside as corrupt (a "corrupt" line for a
+    # status that had been written after all).
     done = False
     try:
         # The mode replay insists on, whatever the umask made of 0600.
@@ -320,8 +326,9 @@ def write_whole(fd: int, tmp: str, data: bytes) -> None:
 
 
 def replay_wanted(directory: str) -> None:
-    """Ask the next ``install()`` on this journal for a replay at once (see :func:`replay_due`):
-    a process has just left a status here that its store did not take. Never raises."""
+    # Ask the next ``install()`` on this journal for a replay at once (see
+    # :func:`replay_due`): a process has just left a status here that its store did not take.
+    # Never raises.
     path = os.path.join(directory, REPLAY_WANTED)
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     try:

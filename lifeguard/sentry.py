@@ -2,51 +2,23 @@
 how it hears a signal.
 
 ``install()`` puts lifeguard's hooks in place, and nothing more: a Python-level handler for each
-signal it hooks (with lifeguard's C handler in front of CPython's, and the listener thread that
-reads what that one writes), an atexit hook, threading's shutdown hook, ``sys.excepthook``,
+signal it hooks (with lifeguard's C handler in front of CPython's, and the listener that reads
+what that one writes), an atexit hook, threading's shutdown hook, ``sys.excepthook``,
 ``sys.exit``, the ``exit()``/``quit()`` builtins and ``signal.signal``. Each is a method of the
 :class:`Posts` armed then: what the program saves and puts back is one of these.
 
 What an event means is the lifecycle's business (``lifeguard.lifecycle``, ``lifeguard.hooks``,
 ``lifeguard.signals``), and loading it costs a few milliseconds. So it is made when the first
 event needs it (:meth:`Posts.made`): a signal, an exit call, an uncaught exception, a finalizer
-registered, a run started, the interpreter's exit with a tracker in use. A program that does none
-of these never loads it. What install() loads is this module (each module costs ~0.1 ms to find
-and load, install()'s whole budget ~1.5 ms: the posts, the ears and the threads' rules are one
-module for that reason), the C handler, and the journal's directory; none of them has a
-``from __future__ import annotations``, which would load one module more.
-
-Until then, and in a process that does not own the posts (a forked child inherits them; an
-``uninstall()`` leaves in place the ones the program took over), each hook acts as what it
-replaced would have.
-
-**Hearing a signal** (:class:`Ears`). CPython's own C handler only trips a flag (the Python-level
-handler runs once the main thread runs Python again: never, for a main thread stuck in a C call)
-and writes the signal's number to *the* wakeup fd. There is one wakeup fd per process, and it is
-the program's: asyncio, trio and uvloop each take it for their loop, uvloop through a function it
-bound when it was imported, out of anyone's reach. So lifeguard leaves it alone. Instead, for
-each signal it must hear, a C handler of lifeguard's own (``lifeguard._ears``) stands in front of
-CPython's: at delivery it writes one record, the signal's number and the time it came, to the
-pipe the listener reads (one pipe for every signal: one blocking read, no ``select``), then calls
-CPython's handler, which trips the Python-level handler and writes the program's wakeup fd
-exactly as without lifeguard. It does nothing else: no frame of any thread is read
-(faulthandler's chained handler, which dumps tracebacks first, turns a SIGTERM into a SIGSEGV now
-and then; see _ears.c). It writes whichever thread the kernel hands the signal to, Python's or a
-C library's. A signal is heard only while lifeguard's handler is the one in place, so what is in
-the pipe came while it was lifeguard's signal, however late the listener reads it, and when it
-came is in its record.
-
-**Threads.** A process-directed signal (Ctrl-C from the terminal, a launcher's SIGTERM) goes to
-whichever thread does not block it. Taken by one of lifeguard's own threads (the listener, the
-ender, the heartbeat), the main thread's blocking call (a REPL waiting for input, ``input()``, a
-``select``) would never be interrupted: a Ctrl-C at a REPL prompt waited for the next key. So
-those threads block every signal (:func:`take_no_signals`), and each stays the main thread's, as
-without lifeguard. A thread that runs the program's code (a finalizer: the program's own, a
-tracker's ``finish``) has the mask the program's main thread had instead
-(:func:`take_signals_as_the_program`): a process it starts (a last upload) inherits its mask
-across exec, and one with every signal blocked could not be stopped by ``Popen.terminate()``, a
-Ctrl-C or a scheduler's SIGTERM.
+registered, a run started, the interpreter's exit with a tracker in use. Until then, and in a
+process that does not own the posts (a forked child inherits them; an ``uninstall()`` leaves in
+place the ones the program took over), each hook acts as what it replaced would have.
 """
+
+# Why one module, and why so few docstrings below: install() loads this module, the C handler
+# and the journal's directory, and nothing else; each module costs ~0.1 ms to find and load, and
+# every kilobyte of code ~12 µs more, in a budget of ~1.5 ms (docs/benchmarks.md). Comments cost
+# nothing. Nor is there a ``from __future__ import annotations``: it loads a module of its own.
 
 import _thread
 import atexit
@@ -65,7 +37,8 @@ if TYPE_CHECKING:
     Handler = Callable[[int, FrameType | None], object] | int | None
 
     class Receiver(Protocol):
-        """What the hooks hand their events to, once made (``lifeguard.hooks.ProcessHooks``)."""
+        # What the hooks hand their events to, once made
+        # (``lifeguard.hooks.ProcessHooks``).
 
         def on_signal(self, signum: int, frame: FrameType | None) -> None: ...
         def heard(self, data: bytes, at: float | None) -> None: ...
@@ -109,6 +82,17 @@ set_handler = _signal.signal
 MAKE_WAIT = 5.0
 
 # -- threads -----------------------------------------------------------------------------------
+#
+# A process-directed signal (Ctrl-C from the terminal, a launcher's SIGTERM) goes to whichever
+# thread does not block it. Taken by one of lifeguard's own threads (the listener, the ender, the
+# heartbeat), the main thread's blocking call (a REPL waiting for input, ``input()``, a
+# ``select``) would never be interrupted: a Ctrl-C at a REPL prompt waited for the next key. So
+# those threads block every signal (take_no_signals), and each stays the main thread's, as
+# without lifeguard. A thread that runs the program's code (a finalizer: the program's own, a
+# tracker's ``finish``) has the mask the program's main thread had instead
+# (take_signals_as_the_program): a process it starts (a last upload) inherits its mask across
+# exec, and one with every signal blocked could not be stopped by ``Popen.terminate()``, a Ctrl-C
+# or a scheduler's SIGTERM.
 
 # The main thread's signal mask when lifeguard was installed (empty, nearly always).
 _program_mask: frozenset[int] = frozenset()
@@ -126,8 +110,8 @@ def take_no_signals() -> None:
 
 
 def take_signals_as_the_program() -> None:
-    """First thing in a thread that runs the program's code: the mask its main thread had,
-    whatever thread started this one (the ender blocks every signal)."""
+    # First thing in a thread that runs the program's code: the mask its main thread had,
+    # whatever thread started this one (the ender blocks every signal).
     _signal.pthread_sigmask(_signal.SIG_SETMASK, _program_mask)
 
 
@@ -141,7 +125,7 @@ _main_ident: int | None = None
 
 
 def remember_the_main_thread() -> None:
-    """In the main thread, once a signal handler is set there (lifeguard.sentry)."""
+    # In the main thread, once a signal handler is set there (lifeguard.sentry).
     global _main_ident
     if _main_ident is None:
         os.register_at_fork(after_in_child=remember_the_main_thread)
@@ -167,14 +151,31 @@ def main_thread_ident() -> int | None:
 
 
 # -- hearing a signal --------------------------------------------------------------------------
+#
+# CPython's own C handler only trips a flag (the Python-level handler runs once the main thread
+# runs Python again: never, for a main thread stuck in a C call) and writes the signal's number to
+# *the* wakeup fd. There is one wakeup fd per process, and it is the program's: asyncio, trio and
+# uvloop each take it for their loop, uvloop through a function it bound when it was imported, out
+# of anyone's reach. So lifeguard leaves it alone. Instead, for each signal it must hear, a C
+# handler of lifeguard's own (lifeguard._ears) stands in front of CPython's: at delivery it writes
+# one record, the signal's number and the time it came, to the pipe the listener reads (one pipe
+# for every signal), then calls CPython's handler, which trips the Python-level handler and writes
+# the program's wakeup fd exactly as without lifeguard. It does nothing else: no frame of any
+# thread is read (faulthandler's chained handler, which dumps tracebacks first, turns a SIGTERM
+# into a SIGSEGV now and then; see _ears.c). It writes whichever thread the kernel hands the
+# signal to, Python's or a C library's. A signal is heard only while lifeguard's handler is the
+# one in place, so what is in the pipe came while it was lifeguard's signal, however late the
+# listener reads it, and when it came is in its record. The listener is a thread of
+# lifeguard._ears's too, started from C: it waits in read(2) holding nothing, and takes the GIL
+# only to hand over what it read (Posts._heard).
 
 _MISSING: list[str] = []  # why the C handler could not be loaded, once said
 
 
 def _c_handler() -> "ModuleType | None":
-    """The compiled handler, or None in a checkout used without being built (``PYTHONPATH=``
-    a source tree): then a signal is noticed by lifeguard's Python-level handler alone, once
-    the main thread runs Python again, and one warning says so."""
+    # The compiled handler, or None in a checkout used without being built (``PYTHONPATH=`` a
+    # source tree): then a signal is noticed by lifeguard's Python-level handler alone, once
+    # the main thread runs Python again, and one warning says so.
     try:
         import lifeguard._ears as _ears
     except ImportError as exc:
@@ -192,8 +193,8 @@ def _c_handler() -> "ModuleType | None":
 
 
 class Ears:
-    """The pipe the listener reads, and lifeguard's C handler registered for the signals heard
-    now: each delivery of one writes its record there (its number and the time it came)."""
+    # The pipe the listener reads, and lifeguard's C handler registered for the signals heard
+    # now: each delivery of one writes its record there (its number and the time it came).
 
     def __init__(self) -> None:
         self._ends: tuple[int, int] | None = None  # (read end, write end)
@@ -217,9 +218,9 @@ class Ears:
         return self._ends is not None
 
     def hear(self, signum: int) -> None:
-        """From now on, a delivery of ``signum`` is heard. Its Python-level handler must be a
-        callable (lifeguard's, or Python's ``default_int_handler``), so that the C handler
-        found in place, and chained to, is CPython's."""
+        # From now on, a delivery of ``signum`` is heard. Its Python-level handler must be
+        # a callable (lifeguard's, or Python's ``default_int_handler``), so that the C
+        # handler found in place, and chained to, is CPython's.
         ends = self._ends
         _ears = _c_handler()
         if ends is None or _ears is None:
@@ -231,8 +232,8 @@ class Ears:
             self.heard.add(signum)
 
     def deafen(self, signum: int) -> None:
-        """Stop hearing ``signum``. Before its handler changes: unregistering puts back the C
-        handler that was there at registration (CPython's)."""
+        # Stop hearing ``signum``. Before its handler changes: unregistering puts back the
+        # C handler that was there at registration (CPython's).
         with self._lock:
             if signum not in self.heard:
                 return
@@ -242,12 +243,13 @@ class Ears:
             self.heard.discard(signum)
 
     def listen(self) -> int:
-        """The read end, for :func:`wait` (the listener takes it once, at its start)."""
+        # The read end, for :func:`wait` (the listener takes it once, at its start).
         assert self._ends is not None, "open() first"
         return self._ends[0]
 
     def close(self) -> None:
-        """Hear nothing more; the listener, reading end-of-file, ends and closes the read end."""
+        # Hear nothing more; the listener, reading end-of-file, ends and closes the read
+        # end.
         with self._lock:
             for signum in list(self.heard):
                 self.deafen(signum)
@@ -256,8 +258,9 @@ class Ears:
             os.close(ends[1])
 
     def forget_after_fork(self) -> None:
-        """In a forked child: the pipe is the parent's, and no listener of this process reads
-        it. The child's deliveries go to CPython's handler alone, as before lifeguard."""
+        # In a forked child: the pipe is the parent's, and no listener of this process
+        # reads it. The child's deliveries go to CPython's handler alone, as before
+        # lifeguard.
         _ears = _c_handler()
         if _ears is not None:
             for signum in self.heard:
@@ -281,9 +284,9 @@ _fork_hook = False
 def arm(
     signals: tuple[int, ...], make: "Callable[[Posts], Receiver]", work: tuple[str, ...]
 ) -> "Posts":
-    """Put lifeguard's hooks in place (``signals``: main thread only, RuntimeError elsewhere).
-    ``make(posts)`` makes what their events go to, when the first one needs it; ``work`` names
-    the modules whose presence means the finalizers have something to end."""
+    # Put lifeguard's hooks in place (``signals``: main thread only, RuntimeError elsewhere).
+    # ``make(posts)`` makes what their events go to, when the first one needs it; ``work``
+    # names the modules whose presence means the finalizers have something to end.
     global _posts, _fork_hook
     posts = Posts(make, work)
     posts.arm(signals)
@@ -301,18 +304,18 @@ def current() -> "Posts | None":
 
 
 def made() -> "Receiver | None":
-    """What this process's hooks hand their events to, made now if it was not yet; None if
-    lifeguard is not installed here."""
+    # What this process's hooks hand their events to, made now if it was not yet; None if
+    # lifeguard is not installed here.
     posts = current()
     return posts.made() if posts is not None else None
 
 
 def see_the_program() -> None:
-    """Keep the program's top level in view (lifeguard.toplevel): how it ended is read from it
-    at exit, and from 3.12 on an exit through a ``sys.exit`` bound before install() is noted as
-    any other, and a ``SystemExit`` that no hook saw as it leaves the top level. Before 3.12 it
-    is read only at exit: the frames are kept here, and lifeguard.toplevel is loaded with the
-    lifecycle. Cheap after the first time."""
+    # Keep the program's top level in view (lifeguard.toplevel): how it ended is read from it
+    # at exit, and from 3.12 on an exit through a ``sys.exit`` bound before install() is noted
+    # as any other, and a ``SystemExit`` that no hook saw as it leaves the top level. Before
+    # 3.12 it is read only at exit: the frames are kept here, and lifeguard.toplevel is loaded
+    # with the lifecycle. Cheap after the first time.
     posts = current()
     if posts is None:
         return
@@ -327,7 +330,7 @@ _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 def _the_programs_stack() -> "list[FrameType]":
-    """The main thread's stack from its top down, lifeguard's own frames left out."""
+    # The main thread's stack from its top down, lifeguard's own frames left out.
     if is_main_thread():
         top: FrameType | None = sys._getframe(1)
     else:  # another thread runs: threading is imported
@@ -342,12 +345,13 @@ def _the_programs_stack() -> "list[FrameType]":
 
 
 def at_threading_shutdown(callback: "Callable[[], object]") -> None:
-    """Call ``callback`` when threading's shutdown begins: the interpreter's first step once the
-    program's main code is over, before it joins the program's threads. Those callbacks run
-    newest first, so one registered later (at ``import mlflow``, after concurrent.futures
-    registered the join of every ThreadPoolExecutor's workers) runs before that join. Never
-    imports threading (install() stays cheap): a program that has not imported it yet has no
-    such join registered either, and one registered later would run after it anyway."""
+    # Call ``callback`` when threading's shutdown begins: the interpreter's first step once
+    # the program's main code is over, before it joins the program's threads. Those callbacks
+    # run newest first, so one registered later (at ``import mlflow``, after
+    # concurrent.futures registered the join of every ThreadPoolExecutor's workers) runs
+    # before that join. Never imports threading (install() stays cheap): a program that has
+    # not imported it yet has no such join registered either, and one registered later would
+    # run after it anyway.
     threading = sys.modules.get("threading")
     register = getattr(threading, "_register_atexit", None)
     if register is None:
@@ -365,9 +369,8 @@ def _after_fork_in_child() -> None:
 
 
 def _importing(frame: "FrameType | None") -> bool:
-    """Whether ``frame`` (what a signal interrupted) or a caller of it is the import system's:
-    the thread holds a module's import lock, which whatever makes the lifecycle elsewhere may
-    come to wait for."""
+    # Whether ``frame`` (what a signal interrupted) or a caller of it is the import system's:
+    # the thread is in the middle of importing a module.
     while frame is not None:
         if frame.f_code.co_filename.startswith("<frozen importlib"):
             return True
@@ -382,12 +385,13 @@ def _thread_name() -> str:
 
 
 class Unseen:
-    """``with posts.unseen: sys.exit(code)`` in a wrapper: the SystemExit leaves without the
-    wrapper's frame in its traceback, so that a program printing the traceback of an exit it
-    caught (``traceback.print_exc()``, ``logging.exception``) prints what it would without
-    lifeguard. From 3.11 on, re-raising an exception whose traceback was cleared adds no entry
-    for the frame that re-raises it; on 3.10 the frame still shows. Keeps the last one let out,
-    with its code then: the exit noted where it was called (see ProcessHooks.exit_unwound)."""
+    # ``with posts.unseen: sys.exit(code)`` in a wrapper: the SystemExit leaves without the
+    # wrapper's frame in its traceback, so that a program printing the traceback of an exit it
+    # caught (``traceback.print_exc()``, ``logging.exception``) prints what it would without
+    # lifeguard. From 3.11 on, re-raising an exception whose traceback was cleared adds no
+    # entry for the frame that re-raises it; on 3.10 the frame still shows. Keeps the last one
+    # let out, with its code then: the exit noted where it was called (see
+    # ProcessHooks.exit_unwound).
 
     def __init__(self) -> None:
         self.last: tuple[SystemExit, object] | None = None
@@ -402,7 +406,7 @@ class Unseen:
 
 
 class Quitter:
-    """Wraps site's ``exit``/``quit`` builtins, which raise SystemExit without ``sys.exit``."""
+    # Wraps site's ``exit``/``quit`` builtins, which raise SystemExit without ``sys.exit``.
 
     def __init__(self, original: "Callable[..., object]", posts: "Posts") -> None:
         self._original = original
@@ -419,7 +423,7 @@ class Quitter:
 
 
 class Posts:
-    """lifeguard's hooks in one process, what each replaced, and what hears the signals."""
+    # lifeguard's hooks in one process, what each replaced, and what hears the signals.
 
     def __init__(self, make: "Callable[[Posts], Receiver]", work: tuple[str, ...]) -> None:
         self.pid = os.getpid()
@@ -456,7 +460,7 @@ class Posts:
         self.unseen = Unseen()
 
     def owns(self) -> bool:
-        """Armed, in this process (a forked child inherits the posts, not what they guard)."""
+        # Armed, in this process (a forked child inherits the posts, not what they guard).
         return self.armed and self.pid == os.getpid()
 
     # -- arming and disarming --------------------------------------------------------------------
@@ -480,7 +484,7 @@ class Posts:
                 setattr(builtins, name, Quitter(original, self))
 
     def _arm_signals(self, signals: tuple[int, ...]) -> None:
-        """Main thread only: Python allows signal handlers to be set nowhere else."""
+        # Main thread only: Python allows signal handlers to be set nowhere else.
         remember_the_programs_mask()
         watched = []
         for signum in signals:
@@ -519,9 +523,9 @@ class Posts:
             self._wrap_signal()
 
     def disarm(self, signals: bool) -> None:
-        """Put back what was there before, but only where lifeguard's hook is still the one in
-        place: a hook someone installed after lifeguard's is theirs, and stays. The signals only
-        from the main thread (``signals``), which alone may set them."""
+        # Put back what was there before, but only where lifeguard's hook is still the one
+        # in place: a hook someone installed after lifeguard's is theirs, and stays. The
+        # signals only from the main thread (``signals``), which alone may set them.
         atexit.unregister(self.at_exit)
         if sys.excepthook == self.excepthook and self.saved_excepthook is not None:
             sys.excepthook = self.saved_excepthook
@@ -546,17 +550,19 @@ class Posts:
         self._stop_listener()
 
     def move_atexit_to_front(self) -> None:
-        """atexit runs last-registered-first. Re-registering puts lifeguard's hook ahead of any
-        hook registered since install(), MLflow's always-FINISHED ``_safe_end_run`` included."""
+        # atexit runs last-registered-first. Re-registering puts lifeguard's hook ahead of
+        # any hook registered since install(), MLflow's always-FINISHED ``_safe_end_run``
+        # included.
         atexit.unregister(self.at_exit)
         atexit.register(self.at_exit)
 
     # -- what the events go to ---------------------------------------------------------------------
 
-    def made(self, wait: bool = True) -> "Receiver | None":
-        """What the hooks hand their events to, made now if need be, by one thread. None where
-        this process does not own the posts, in the thread making it (a signal's hook, run in
-        the middle of that), and, unless ``wait``, while another thread makes it."""
+    def made(self) -> "Receiver | None":
+        # What the hooks hand their events to, made now if need be, by one thread. None
+        # where this process does not own the posts, in the thread making it (a signal's
+        # hook, run in the middle of that), and if another thread has been making it for
+        # MAKE_WAIT.
         if not self.owns():
             return None
         receiver = self.receiver
@@ -566,7 +572,7 @@ class Posts:
         if self._making == me:
             return None
         lock = self._make_lock
-        if not (lock.acquire(True, MAKE_WAIT) if wait else lock.acquire(False)):
+        if not lock.acquire(True, MAKE_WAIT):
             return self.receiver
         try:
             if self.receiver is None and self.owns():
@@ -588,38 +594,46 @@ class Posts:
         toplevel.note(frames, self.noting_exit, self.saved_exit, self.exit_unwound)
 
     def has_work(self) -> bool:
-        """Whether the finalizers would have something to end: a tracker is in use. Else an exit
-        (no event was, or the receiver would be made) is none of lifeguard's business."""
+        # Whether the finalizers would have something to end: a tracker is in use. Else an
+        # exit (no event was, or the receiver would be made) is none of lifeguard's
+        # business.
         return any(module in sys.modules for module in self._work)
 
     # -- the hooks -----------------------------------------------------------------------------
 
     def handler(self, signum: int, frame: "FrameType | None") -> None:
-        """The Python-level handler of each signal lifeguard hooked (lifeguard.signals)."""
-        if not self.owns():
-            # A forked child's, inherited; or one the program put back after uninstall(): act
-            # as the disposition it replaced.
-            previous = self.saved.get(signum, _signal.SIG_DFL)
-            if callable(previous):
-                previous(signum, frame)
+        # The Python-level handler of each signal lifeguard hooked (lifeguard.signals).
+        if self.owns():
+            receiver = self.receiver
+            if receiver is None and not _importing(frame):
+                try:
+                    receiver = self.made()
+                except Exception:  # noqa: BLE001 - lifeguard's failure: the signal does as before
+                    receiver = None
+                    heard = False
+                else:
+                    heard = True
+            else:
+                # Never made here while the signal interrupted an import: making it imports
+                # lifeguard's modules, one of which, or ``__future__``, this thread may be in
+                # the middle of importing (half made, it has none of the names asked for).
+                heard = True
+            if receiver is not None:
+                receiver.on_signal(signum, frame)
                 return
-            from lifeguard.death import die_by_signal
+            if heard and signum in self.takeover and self._listening:
+                # The listener heard it, and acts on it once the lifecycle is made (there, or
+                # here once this thread is out of its import).
+                return
+        # Not this process's posts (a forked child's, inherited; one the program put back after
+        # uninstall()), or nothing to hand the signal to: as the disposition it replaced.
+        previous = self.saved.get(signum, _signal.SIG_DFL)
+        if callable(previous):
+            previous(signum, frame)
+            return
+        from lifeguard.death import die_by_signal
 
-            die_by_signal(signum)
-            return
-        # Never waited for while the signal interrupted an import: the thread making the
-        # receiver may need that module's lock. Made here instead if nobody else is at it.
-        receiver = self.made(wait=not _importing(frame))
-        if receiver is not None:
-            receiver.on_signal(signum, frame)
-            return
-        if signum not in self.takeover:
-            # A handler of the program's from before install(): the program's business.
-            previous = self.saved.get(signum, _signal.SIG_DFL)
-            if callable(previous):
-                previous(signum, frame)
-        # Else a signal lifeguard takes over, being made elsewhere: the listener heard it, and
-        # acts on it once that is done.
+        die_by_signal(signum)
 
     def excepthook(
         self, tp: type[BaseException], value: BaseException, tb: "TracebackType | None"
@@ -642,10 +656,11 @@ class Posts:
             (self.saved_exit or sys.__dict__["exit"])(code)
 
     def noting_exit(self, code: object, caller: "FrameType") -> None:
-        """Note the exit; then the program exits as asked, whatever went wrong in lifeguard.
-        A Ctrl-C that lands meanwhile goes on to the program, as it would have a moment
-        earlier: exiting anyway would drop it and, the exit unnoted, call the run a success.
-        sys.exit() in another thread only ends that thread: nothing to note, nothing to make."""
+        # Note the exit; then the program exits as asked, whatever went wrong in
+        # lifeguard. A Ctrl-C that lands meanwhile goes on to the program, as it would
+        # have a moment earlier: exiting anyway would drop it and, the exit unnoted, call
+        # the run a success. sys.exit() in another thread only ends that thread: nothing
+        # to note, nothing to make.
         if not self.owns() or not is_main_thread():
             return
         try:
@@ -660,7 +675,7 @@ class Posts:
             logger().debug("lifeguard could not note the exit", exc_info=True)
 
     def exit_unwound(self, exc: SystemExit, top_level: "FrameType") -> None:
-        """3.12+: ``exc`` leaves the program's top level (lifeguard.toplevel sees it go)."""
+        # 3.12+: ``exc`` leaves the program's top level (lifeguard.toplevel sees it go).
         if not self.owns():
             return
         receiver = self.made()
@@ -681,23 +696,26 @@ class Posts:
             return
         receiver = self.receiver
         if receiver is None and self.has_work():
-            receiver = self.made()
+            try:
+                receiver = self.made()
+            except Exception:  # noqa: BLE001 - never in the way of the interpreter's shutdown
+                return
         if receiver is not None:
             receiver.on_threading_shutdown()
 
     # -- dispositions: the program's, and lifeguard's ------------------------------------------
 
     def _wrap_signal(self) -> None:
-        """Keep lifeguard's signal path in force when a library hands the signals back, and the
-        listener hearing exactly while lifeguard's handler is in place.
-
-        asyncio's ``loop.add_signal_handler`` takes a signal (the program's choice, which
-        stands); when the loop closes it sets the signal back to SIG_DFL, and without this a
-        SIGTERM during the synchronous training that follows would kill the process unheard.
-        So, while lifeguard is installed, ``signal.signal(sig, SIG_DFL)`` for a signal lifeguard
-        hooked gives it back to lifeguard, whose handler is the default action plus the
-        finalizers. ``signal.signal`` looks ``_signal.signal`` up at each call, so wrapping the
-        C function is enough."""
+        # Keep lifeguard's signal path in force when a library hands the signals back, and
+        # the listener hearing exactly while lifeguard's handler is in place.
+        #
+        # asyncio's ``loop.add_signal_handler`` takes a signal (the program's choice,
+        # which stands); when the loop closes it sets the signal back to SIG_DFL, and
+        # without this a SIGTERM during the synchronous training that follows would kill
+        # the process unheard. So, while lifeguard is installed, ``signal.signal(sig,
+        # SIG_DFL)`` for a signal lifeguard hooked gives it back to lifeguard, whose
+        # handler is the default action plus the finalizers. ``signal.signal`` looks
+        # ``_signal.signal`` up at each call, so wrapping the C function is enough.
         posts = self
 
         def signal(signalnum: int, handler: "Handler", /) -> "Handler":
@@ -709,16 +727,20 @@ class Posts:
         setattr(_signal, "signal", signal)  # noqa: B010 - the interpreter's C module
 
     def program_sets(self, signalnum: int, handler: "Handler") -> "Handler":
-        """The program sets a signal's handler: what that means for a signal lifeguard hooked is
-        the lifecycle's to say (``SignalWatch.program_sets``). Any other goes straight through,
-        as it would without lifeguard (raising as it would for a bad signal)."""
+        # The program sets a signal's handler: what that means for a signal lifeguard
+        # hooked is the lifecycle's to say (``SignalWatch.program_sets``). Any other goes
+        # straight through, as it would without lifeguard (raising as it would for a bad
+        # signal).
         try:
             signum = int(signalnum)
         except (TypeError, ValueError):
             return set_handler(signalnum, handler)
         if signum not in self.saved or not self.owns() or not is_main_thread():
             return set_handler(signalnum, handler)
-        receiver = self.made()
+        try:
+            receiver = self.made()
+        except Exception:  # noqa: BLE001 - lifeguard's failure never stops the program's call
+            receiver = None
         if receiver is None:  # set from a hook that runs while it is being made: as asked
             return set_handler(signum, handler)
         return receiver.program_sets(signum, handler)
@@ -731,9 +753,9 @@ class Posts:
     # -- the listener thread ---------------------------------------------------------------------
 
     def start_listener(self) -> None:
-        """The listener thread: lifeguard._ears's, started from C, waits in read(2) holding
-        nothing and takes the GIL only to hand over what it read (:meth:`_heard`). Without the
-        C handler nothing would write the pipe: no listener then."""
+        # The listener thread: lifeguard._ears's, started from C, waits in read(2) holding
+        # nothing and takes the GIL only to hand over what it read (:meth:`_heard`).
+        # Without the C handler nothing would write the pipe: no listener then.
         _ears = _c_handler()
         if self._listening or _ears is None:
             return
@@ -749,10 +771,10 @@ class Posts:
         self.ears = Ears()
 
     def _heard(self, data: bytes) -> "float | None":
-        """In the listener thread, with the GIL: the records it read, each a delivery that came
-        while lifeguard's handler was the one in place (see Ears), lifeguard's signal however
-        late it is read; or b"" once the wait it was given ran out. Returns how long it may wait
-        for the next one."""
+        # In the listener thread, with the GIL: the records it read, each a delivery that
+        # came while lifeguard's handler was the one in place (see Ears), lifeguard's
+        # signal however late it is read; or b"" once the wait it was given ran out.
+        # Returns how long it may wait for the next one.
         receiver = self.receiver
         if data:
             at = None
@@ -770,9 +792,10 @@ class Posts:
         return receiver.listen_timeout() if receiver is not None else None
 
     def forget_after_fork(self) -> None:
-        """In a forked child: the pipes are shared with the parent, whose listener did not
-        survive the fork: the child's signals go to CPython's handler alone, as they did before
-        lifeguard. Locks another thread of the parent may have held are made anew."""
+        # In a forked child: the pipes are shared with the parent, whose listener did not
+        # survive the fork: the child's signals go to CPython's handler alone, as they did
+        # before lifeguard. Locks another thread of the parent may have held are made
+        # anew.
         self.ears.forget_after_fork()
         self._listening = False
         self._make_lock = _thread.allocate_lock()
@@ -780,8 +803,8 @@ class Posts:
 
 
 def _unwrap(signum: int, handler: "Handler") -> "Handler":
-    """A handler inherited from a forked parent's lifeguard stands for what it replaced: a
-    child's own install() must chain to that, not to the parent's posts."""
+    # A handler inherited from a forked parent's lifeguard stands for what it replaced: a
+    # child's own install() must chain to that, not to the parent's posts.
     while True:
         posts = getattr(handler, "__self__", None)
         if not isinstance(posts, Posts) or posts.pid == os.getpid():

@@ -8,6 +8,7 @@ README about the API is true.
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import subprocess
@@ -446,6 +447,52 @@ def test_install_starts_no_python_thread_and_a_program_may_end_at_once() -> None
     for ending, proc in procs:
         _, err = proc.communicate(timeout=CHILD_TIMEOUT)
         assert (proc.returncode, err) == (codes[ending], b""), endings[ending]
+
+
+MADE_UNDER_FIRE = """
+import os, random, signal, sys, lifeguard
+lifeguard.install()
+calls, at = [0], int(sys.argv[1])
+def fire(frame, event, arg):
+    # A real SIGTERM, sent from inside, at the at-th call: while register() makes the lifecycle
+    # (its imports: about a thousand calls), or just after.
+    if event == "call":
+        calls[0] += 1
+        if calls[0] == at:
+            os.kill(os.getpid(), signal.SIGTERM)
+def finalizer(outcome):
+    os.write(1, b"finalized %d\\n" % outcome.signum)
+sys.setprofile(fire)
+lifeguard.register(finalizer)
+sys.setprofile(None)
+if calls[0] < at:  # not sent yet: now, the finalizer registered
+    os.write(1, b"registered, then the signal\\n")
+    os.kill(os.getpid(), signal.SIGTERM)
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+signal.sigwait({signal.SIGUSR1})  # never comes: a main thread stuck in C, as in training
+"""
+
+
+def test_a_signal_while_the_lifecycle_is_being_made_still_ends_the_process_by_it() -> None:
+    """install() loads no lifecycle; the first event makes it (lifeguard.sentry). A SIGTERM that
+    lands at a random call while register() makes it, or just after, is still the process's
+    end: the listener, waiting for the making to be done, acts on it, and the process dies of
+    SIGTERM, with nothing printed; a signal sent once register() returned runs the finalizer.
+    (Making it from the handler the signal interrupted an import with, here __future__'s, broke
+    that import: the program's register() raised ImportError.)"""
+    rng = random.Random(20261205)
+    for _ in range(trials(300, 40)):
+        at = rng.randint(1, 1500)
+        result = subprocess.run(
+            [sys.executable, "-c", MADE_UNDER_FIRE, str(at)],
+            capture_output=True,
+            text=True,
+            timeout=CHILD_TIMEOUT,
+        )
+        assert result.returncode == -signal.SIGTERM, (at, result.returncode, result.stderr)
+        assert result.stderr == "", (at, result.stderr)
+        if result.stdout.startswith("registered, then the signal"):
+            assert result.stdout == "registered, then the signal\nfinalized 15\n", at
 
 
 def test_readme_documents_every_exported_name() -> None:
