@@ -216,8 +216,29 @@ ears_is_registered(PyObject *module, PyObject *args)
     return PyBool_FromLong(is_ours(&current));
 }
 
+/* Where lifeguard's fds go (lifeguard._fds): near the top of the soft RLIMIT_NOFILE, below the
+   usual 1024 select() limit, so that the program finds fds 3, 4, ... where they would be. */
+static int
+default_floor(void)
+{
+    long soft = sysconf(_SC_OPEN_MAX);
+    long limit = soft < 0 ? 1024 : (soft < 1024 ? soft : 1024);
+    return limit - 24 > 3 ? (int)(limit - 24) : 3;
+}
+
+PyDoc_STRVAR(floor_doc,
+"floor() -> int\n--\n\n"
+"Where lifeguard's fds go: 24 below the soft RLIMIT_NOFILE or 1024, whichever is lower, and at\n"
+"least 3.");
+
+static PyObject *
+ears_floor(PyObject *module, PyObject *unused)
+{
+    return PyLong_FromLong(default_floor());
+}
+
 PyDoc_STRVAR(pipe_doc,
-"pipe(floor) -> (read_fd, write_fd)\n--\n\n"
+"pipe(floor=floor()) -> (read_fd, write_fd)\n--\n\n"
 "os.pipe(), each end moved to the lowest free number at or above floor (close-on-exec), or left\n"
 "where it was if none is free up there. For the pipe this module's handler writes, and\n"
 "lifeguard._fds.pipe: without the fcntl module, a shared library that install() would load only\n"
@@ -238,9 +259,12 @@ move_up(int fd, int floor)
 static PyObject *
 ears_pipe(PyObject *module, PyObject *args)
 {
-    int floor, fds[2];
-    if (!PyArg_ParseTuple(args, "i:pipe", &floor)) {
+    int floor = -1, fds[2];
+    if (!PyArg_ParseTuple(args, "|i:pipe", &floor)) {
         return NULL;
+    }
+    if (floor < 0) {
+        floor = default_floor();
     }
     if (pipe2(fds, O_CLOEXEC) != 0) {
         return PyErr_SetFromErrno(PyExc_OSError);
@@ -487,6 +511,7 @@ static PyMethodDef ears_methods[] = {
     {"unregister", ears_unregister, METH_VARARGS, unregister_doc},
     {"is_registered", ears_is_registered, METH_VARARGS, is_registered_doc},
     {"pipe", ears_pipe, METH_VARARGS, pipe_doc},
+    {"floor", ears_floor, METH_NOARGS, floor_doc},
     {"listen", ears_listen, METH_VARARGS, listen_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -11,13 +11,19 @@ __all__ = ["a_reader_waits_on", "out_of_the_way", "pipe"]
 
 def _floor() -> int:
     """Where lifeguard's fds go: near the top of the soft RLIMIT_NOFILE, below the usual 1024
-    select() limit."""
-    import os
+    select() limit. The C module's rule (lifeguard._ears.floor), which also places the signal
+    listener's pipe (lifeguard.sentry); this one only for a source tree used without being
+    built."""
+    try:
+        from lifeguard._ears import floor
+    except ImportError:
+        import os
 
-    # The soft RLIMIT_NOFILE (-1 if unlimited), without importing `resource` at install().
-    soft = os.sysconf("SC_OPEN_MAX")
-    limit = 1024 if soft < 0 else min(soft, 1024)
-    return max(3, limit - 24)
+        # The soft RLIMIT_NOFILE (-1 if unlimited), without importing `resource`.
+        soft = os.sysconf("SC_OPEN_MAX")
+        limit = 1024 if soft < 0 else min(soft, 1024)
+        return max(3, limit - 24)
+    return floor()
 
 
 def out_of_the_way(fd: int) -> int:

@@ -25,8 +25,6 @@ import atexit
 import os
 import sys
 
-from lifeguard._fds import pipe
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import signal as _signal
@@ -204,9 +202,11 @@ class Ears:
         self._lock = _thread.RLock()
 
     def open(self) -> None:
-        if self._ends is not None:
+        _ears = _c_handler()
+        if self._ends is not None or _ears is None:  # without the C handler, nothing writes it
             return
-        read_fd, write_fd = pipe()
+        # Both ends out of the program's way, high up (lifeguard._fds: the same place).
+        read_fd, write_fd = _ears.pipe()
         # A handler must never block: a full pipe drops the record (4,096 deliveries unread,
         # the first of which the listener has yet to act on). The read end blocks: the listener
         # sleeps in read() until a signal comes.
