@@ -116,7 +116,9 @@ class Lifecycle:
     def die_after_finalizing(self, signum: int) -> None:
         """A signal came while finalizing an exit or a crash: die of it once that is done."""
         self.die_after = signum
-        if self.phase == Phase.DONE:  # done meanwhile: nobody is left to act on it
+        if self.phase in (Phase.DONE, Phase.UNINSTALLED):
+            # Done meanwhile, or uninstalled (a signal that came while lifeguard's handler was
+            # in place, read after uninstall()): nobody is left to act on it.
             die(signum)
 
     # -- events from the hooks -------------------------------------------------------------------

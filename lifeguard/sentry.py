@@ -21,6 +21,7 @@ place the ones the program took over), each hook acts as what it replaced would 
 # nothing. Nor is there a ``from __future__ import annotations``: it loads a module of its own.
 
 import _thread
+import _weakref
 import atexit
 import os
 import sys
@@ -321,7 +322,21 @@ def see_the_program() -> None:
         return
     frames = _the_programs_stack()
     if posts.receiver is None and sys.version_info < (3, 12):
-        posts.program = frames
+        # Only the frames toplevel keeps (from the program's top level down, the runner's):
+        # the frame of a function that called install() is the program's to let go of, with
+        # its locals, when it returns. Let go of at the exit, too (Posts.at_exit): the
+        # listener holds the posts for good, and a __main__ they held would never be cleared,
+        # its open files never flushed.
+        main = getattr(sys.modules.get("__main__"), "__dict__", None)
+        top = next(
+            (
+                i
+                for i, f in enumerate(frames)
+                if f.f_globals is main and f.f_code.co_name == "<module>"
+            ),
+            len(frames) - 1,
+        )
+        posts.program = frames[max(top, 0) :]
     else:
         posts.note_the_program(frames)
 
@@ -540,6 +555,7 @@ class Posts:
         if signals:
             self._disarm_signals()
         self.armed = False
+        self.program = None
 
     def _disarm_signals(self) -> None:
         self._unwrap_signal()
@@ -688,6 +704,7 @@ class Posts:
         receiver = self.receiver
         if receiver is None and self.has_work():
             receiver = self.made()
+        self.program = None  # nothing reads the program's frames after this (see_the_program)
         if receiver is not None:
             receiver.at_exit()
 
@@ -761,7 +778,15 @@ class Posts:
             return
         self._listening = True
         self.ears.open()
-        _ears.listen(self.ears.listen(), self._heard)
+        # The listener holds what it calls for good (a forked child inherits that reference
+        # from a thread it has not): a weak one to the posts, which may then go with the rest.
+        posts = _weakref.ref(self)
+
+        def heard(data: bytes) -> "float | None":
+            alive = posts()
+            return alive._heard(data) if alive is not None else None
+
+        _ears.listen(self.ears.listen(), heard)
 
     def _stop_listener(self) -> None:
         if not self._listening:
@@ -786,17 +811,35 @@ class Posts:
             receiver = self.made()
             if receiver is not None:
                 receiver.heard(data, at)
+            else:
+                self._as_before(data)
         elif receiver is not None:
             receiver.timed_out()
         receiver = self.receiver
         return receiver.listen_timeout() if receiver is not None else None
 
+    def _as_before(self, data: bytes) -> None:
+        # Heard while lifeguard's handler was in place, and nothing to hand it to: uninstall()
+        # came in between (the main thread's handler had left it to this thread, the lifecycle
+        # being made), or the making never ended. The handler lifeguard's replaced, for a
+        # signal it takes over, was the default action: the process dies of it, as it would
+        # have without lifeguard.
+        import lifeguard._ears as _ears
+
+        record = _ears.RECORD
+        for at in range(0, len(data) - record + 1, record):
+            if data[at] in self.takeover:
+                from lifeguard.death import die_from_any_thread
+
+                die_from_any_thread(data[at])
+
     def forget_after_fork(self) -> None:
         # In a forked child: the pipes are shared with the parent, whose listener did not
         # survive the fork: the child's signals go to CPython's handler alone, as they did
         # before lifeguard. Locks another thread of the parent may have held are made
-        # anew.
+        # anew; the parent's listener, which held the posts, is gone.
         self.ears.forget_after_fork()
+        self.program = None
         self._listening = False
         self._make_lock = _thread.allocate_lock()
         self._making = None

@@ -495,6 +495,88 @@ def test_a_signal_while_the_lifecycle_is_being_made_still_ends_the_process_by_it
             assert result.stdout == "registered, then the signal\nfinalized 15\n", at
 
 
+UNINSTALLED_UNDER_FIRE = """
+import os, signal, sys, lifeguard
+lifeguard.install()
+calls, at = [0], int(sys.argv[1])
+def fire(frame, event, arg):
+    if event == "call":
+        calls[0] += 1
+        if calls[0] == at:
+            os.kill(os.getpid(), signal.SIGTERM)
+sys.setprofile(fire)
+lifeguard.uninstall()  # makes the lifecycle first (about a thousand calls), then unhooks
+sys.setprofile(None)
+if calls[0] < at:
+    os.kill(os.getpid(), signal.SIGTERM)
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+signal.sigwait({signal.SIGUSR1})
+"""
+
+
+def test_a_signal_while_uninstall_runs_still_ends_the_process_by_it() -> None:
+    """A SIGTERM at a random call of uninstall(), which makes the lifecycle before it unhooks:
+    the main thread's handler, interrupting the making's imports, leaves the signal to the
+    listener, and uninstall() may finish first. The signal came while lifeguard's handler was in
+    place, whose default action it stands for: the process dies of it (it lived on, 1 in 150)."""
+    rng = random.Random(20261206)
+    for _ in range(trials(200, 30)):
+        at = rng.randint(1, 1500)
+        result = subprocess.run(
+            [sys.executable, "-c", UNINSTALLED_UNDER_FIRE, str(at)],
+            capture_output=True,
+            text=True,
+            timeout=CHILD_TIMEOUT,
+        )
+        assert result.returncode == -signal.SIGTERM, (at, result.returncode, result.stderr)
+        assert result.stderr == "", (at, result.stderr)
+
+
+LETS_GO = """
+import os, sys
+{at_top}
+class Big:
+    def __del__(self):
+        print("freed", flush=True)
+def main():
+    {in_main}
+    big = Big()
+    written = open(sys.argv[1], "w")
+    written.write("written in main\\n")
+main()
+print("after main:", os.path.getsize(sys.argv[1]), flush=True)
+never_closed = open(sys.argv[2], "w")
+never_closed.write("flushed at the end\\n")
+"""
+
+
+@pytest.mark.parametrize("where", ["at the top", "in main()"])
+def test_install_lets_go_of_what_the_program_lets_go_of(where: str, tmp_path: Path) -> None:
+    """install() keeps the program's top level in view; it held the frame of the function that
+    called it, and, for as long as the process lived, the __main__ module's globals: a file the
+    program wrote at the top level and never closed lost its buffer (0 bytes instead of 19), and
+    a local of main() outlived main(). Run with and without install(): the same output and the
+    same files."""
+    results = []
+    for installed in (False, True):
+        line = "import lifeguard; lifeguard.install()" if installed else "pass"
+        code = LETS_GO.format(
+            at_top=line if where == "at the top" else "",
+            in_main=line if where == "in main()" else "pass",
+        )
+        first, second = tmp_path / f"first-{installed}", tmp_path / f"second-{installed}"
+        result = subprocess.run(
+            [sys.executable, "-c", code, str(first), str(second)],
+            capture_output=True,
+            text=True,
+            timeout=CHILD_TIMEOUT,
+            env={k: v for k, v in os.environ.items() if not k.startswith("LIFEGUARD_")},
+        )
+        results.append((result.returncode, result.stdout, result.stderr, second.read_text()))
+    assert results[0] == (0, "freed\nafter main: 16\n", "", "flushed at the end\n")
+    assert results[1] == results[0]
+
+
 def test_readme_documents_every_exported_name() -> None:
     readme = (REPO / "README.md").read_text()
     section = readme.split("\n## API\n", 1)
