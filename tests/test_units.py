@@ -244,12 +244,15 @@ def test_install_with_nothing_to_check_loads_no_checks_and_no_backend() -> None:
     (made when the first event needs it: lifeguard.sentry), and once made the finalizers it
     registers are there all the same. Given a variable, the checks are loaded and run."""
     code = """
-        import sys, lifeguard
+        import sys
+        before = set(sys.modules)  # a venv's own .pth may have loaded __future__ already
+        import lifeguard
         lifeguard.install()
         print(sorted(m for m in sys.modules
                      if m in ("lifeguard.options", "lifeguard.lifecycle", "lifeguard.api")
                      or m.startswith("lifeguard.backends")))
-        print(sorted(m for m in sys.modules if m.startswith("lifeguard") or m == "__future__"))
+        print(sorted(m for m in set(sys.modules) - before
+                     if m.startswith("lifeguard") or m == "__future__"))
         from lifeguard import api
         api.current()
         print(api.registry().names())
