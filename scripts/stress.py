@@ -587,7 +587,12 @@ KEYBOARD_INTERRUPT = ("KeyboardInterrupt", "KeyboardInterrupt:")
 PACKAGE = os.path.realpath(REPO / "lifeguard")
 FRAME = re.compile(r'^\s*File "([^"]+)", line \d+, in (\S+)')
 # Where a dropped KeyboardInterrupt rightly shows lifeguard: its handler, chaining to Python's.
-HANDLER_FRAMES = {("signals.py", "handler"), ("signals.py", "_chain")}
+HANDLER_FRAMES = {
+    ("sentry.py", "handler"),
+    ("hooks.py", "on_signal"),
+    ("signals.py", "on_signal"),
+    ("signals.py", "_chain"),
+}
 
 
 def _lifeguard_frames(text: str) -> list[tuple[str, str]]:

@@ -24,7 +24,7 @@ class Probe(Trainer):
 
         lifecycle = api.current()
         assert lifecycle is not None
-        previous = lifecycle.hooks.signals.saved.get(signal.SIGTERM)
+        previous = lifecycle.hooks.posts.saved.get(signal.SIGTERM)
         return (
             f"{getattr(previous, '__module__', '')}.{getattr(previous, '__qualname__', previous)}"
         )
