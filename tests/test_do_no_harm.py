@@ -449,17 +449,22 @@ def test_install_starts_no_python_thread_and_a_program_may_end_at_once() -> None
         assert (proc.returncode, err) == (codes[ending], b""), endings[ending]
 
 
-MADE_UNDER_FIRE = """
-import os, random, signal, sys, lifeguard
+# A program's start, then a real SIGTERM sent from inside at its argv[1]-th call once
+# sys.setprofile(fire) (while a call makes the lifecycle: its imports, about a thousand calls).
+UNDER_FIRE = """
+import os, signal, sys, lifeguard
 lifeguard.install()
 calls, at = [0], int(sys.argv[1])
 def fire(frame, event, arg):
-    # A real SIGTERM, sent from inside, at the at-th call: while register() makes the lifecycle
-    # (its imports: about a thousand calls), or just after.
     if event == "call":
         calls[0] += 1
         if calls[0] == at:
             os.kill(os.getpid(), signal.SIGTERM)
+"""
+
+MADE_UNDER_FIRE = (
+    UNDER_FIRE
+    + """
 def finalizer(outcome):
     os.write(1, b"finalized %d\\n" % outcome.signum)
 sys.setprofile(fire)
@@ -471,6 +476,7 @@ if calls[0] < at:  # not sent yet: now, the finalizer registered
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
 signal.sigwait({signal.SIGUSR1})  # never comes: a main thread stuck in C, as in training
 """
+)
 
 
 def test_a_signal_while_the_lifecycle_is_being_made_still_ends_the_process_by_it() -> None:
@@ -495,15 +501,9 @@ def test_a_signal_while_the_lifecycle_is_being_made_still_ends_the_process_by_it
             assert result.stdout == "registered, then the signal\nfinalized 15\n", at
 
 
-UNINSTALLED_UNDER_FIRE = """
-import os, signal, sys, lifeguard
-lifeguard.install()
-calls, at = [0], int(sys.argv[1])
-def fire(frame, event, arg):
-    if event == "call":
-        calls[0] += 1
-        if calls[0] == at:
-            os.kill(os.getpid(), signal.SIGTERM)
+UNINSTALLED_UNDER_FIRE = (
+    UNDER_FIRE
+    + """
 sys.setprofile(fire)
 lifeguard.uninstall()  # makes the lifecycle first (about a thousand calls), then unhooks
 sys.setprofile(None)
@@ -512,6 +512,7 @@ if calls[0] < at:
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
 signal.sigwait({signal.SIGUSR1})
 """
+)
 
 
 def test_a_signal_while_uninstall_runs_still_ends_the_process_by_it() -> None:
